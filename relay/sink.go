@@ -1,0 +1,54 @@
+package relay
+
+import "context"
+
+// Status is a sink's verdict on one event.
+type Status int
+
+const (
+	// Applied: the sink now holds this event's version.
+	Applied Status = iota + 1
+	// Stale: the sink already holds this version or a newer one. A normal,
+	// counted outcome of replays, duplicates and reordering.
+	Stale
+	// Retry: a transient failure (timeout, 429, 5xx); the relay tries again
+	// with backoff and dead-letters the event past its attempt limit.
+	Retry
+	// Rejected: the sink will never accept this event as it is; the relay
+	// parks it in dead_letters with Reason and moves on.
+	Rejected
+)
+
+func (s Status) String() string {
+	switch s {
+	case Applied:
+		return "applied"
+	case Stale:
+		return "stale"
+	case Retry:
+		return "retry"
+	case Rejected:
+		return "rejected"
+	}
+	return "unknown"
+}
+
+// Outcome is the sink's answer for the event at the same position of the
+// batch given to Write.
+type Outcome struct {
+	Status Status
+	Reason string // why, for Retry and Rejected
+}
+
+// Sink receives events. The relay calls Write from one goroutine at a time
+// with events in reading order; a sink may process them in parallel.
+//
+// Write may see an event more than once (after a crash, a failover, a
+// retry or a replay); it must be idempotent. It returns one Outcome per
+// event, in order. A non-nil error means the sink as a whole is unavailable
+// (connection refused, every node down): the relay retries the whole batch
+// with backoff, indefinitely, without counting it against any event's
+// attempt limit, so an outage never dead-letters the backlog.
+type Sink interface {
+	Write(ctx context.Context, events []Event) ([]Outcome, error)
+}
