@@ -1,0 +1,107 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ProgressError means the relay could not persist its acknowledgement
+// boundary. The relay stops rather than run ahead of what it can record:
+// a restart (here or on a standby) resumes from the last stored position
+// and re-delivers what came after it.
+type ProgressError struct {
+	Stream string
+	Err    error
+}
+
+func (e *ProgressError) Error() string {
+	return fmt.Sprintf("relay: stream %s: persist progress: %v", e.Stream, e.Err)
+}
+
+func (e *ProgressError) Unwrap() error { return e.Err }
+
+// IsProgressError reports whether err is a failure to persist progress.
+func IsProgressError(err error) bool {
+	var pe *ProgressError
+	return errors.As(err, &pe)
+}
+
+// loadProgress registers the stream if it is new (starting from the empty
+// snapshot, i.e. every retained event) and returns its stored position.
+func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) (position, error) {
+	var indexes []string
+	if len(s.Indexes) > 0 {
+		indexes = s.Indexes
+	}
+	_, err := conn.Exec(ctx, `INSERT INTO `+schema+`.progress (stream, bucket_lo, bucket_hi, indexes, done_snapshot)
+		VALUES ($1, $2, $3, $4, $5::pg_snapshot) ON CONFLICT (stream) DO NOTHING`,
+		s.Name, int16(s.BucketLo), int16(s.BucketHi), indexes, emptySnapshot.String())
+	if err != nil {
+		return position{}, fmt.Errorf("relay: register stream %s: %w", s.Name, err)
+	}
+	var done string
+	var batch *string
+	var cx *uint64
+	var cid *int64
+	var lo, hi int16
+	err = conn.QueryRow(ctx, `SELECT done_snapshot::text, batch_snapshot::text, cursor_xid, cursor_id, bucket_lo, bucket_hi
+		FROM `+schema+`.progress WHERE stream = $1`, s.Name).Scan(&done, &batch, &cx, &cid, &lo, &hi)
+	if err != nil {
+		return position{}, fmt.Errorf("relay: load progress of %s: %w", s.Name, err)
+	}
+	if int(lo) != s.BucketLo || int(hi) != s.BucketHi {
+		return position{}, fmt.Errorf("relay: stream %s: stored bucket range %d..%d differs from configured %d..%d; use a new stream name when changing partitions",
+			s.Name, lo, hi, s.BucketLo, s.BucketHi)
+	}
+	var p position
+	if p.done, err = ParseSnapshot(done); err != nil {
+		return position{}, err
+	}
+	if batch != nil {
+		b, err := ParseSnapshot(*batch)
+		if err != nil {
+			return position{}, err
+		}
+		p.batch = &b
+		if cx != nil && cid != nil {
+			p.cursorXID, p.cursorID = *cx, *cid
+		}
+	}
+	return p, nil
+}
+
+// storeProgress persists pos and parks dead letters in one transaction on
+// the leader's own connection: if that session (and so its advisory lock)
+// is gone, the write fails and the relay stops instead of advancing.
+func storeProgress(ctx context.Context, conn *pgx.Conn, schema, schemaName, stream string, pos position, acked int, dead []deadLetter) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return &ProgressError{Stream: stream, Err: err}
+	}
+	defer tx.Rollback(ctx)
+	if err := parkDeadLetters(ctx, tx, schemaName, stream, dead); err != nil {
+		return &ProgressError{Stream: stream, Err: err}
+	}
+	var batch any
+	var cx, cid any
+	if pos.batch != nil {
+		batch, cx, cid = pos.batch.String(), pos.cursorXID, pos.cursorID
+	}
+	tag, err := tx.Exec(ctx, `UPDATE `+schema+`.progress
+		SET done_snapshot = $2::pg_snapshot, batch_snapshot = $3::pg_snapshot, cursor_xid = $4, cursor_id = $5,
+		    acked_events = acked_events + $6, updated_at = now()
+		WHERE stream = $1`, stream, pos.done.String(), batch, cx, cid, acked)
+	if err != nil {
+		return &ProgressError{Stream: stream, Err: err}
+	}
+	if tag.RowsAffected() != 1 {
+		return &ProgressError{Stream: stream, Err: errors.New("progress row is missing")}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return &ProgressError{Stream: stream, Err: err}
+	}
+	return nil
+}

@@ -1,0 +1,209 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Stream is one independently acknowledged share of the outbox: a range of
+// source_id hash buckets (0..1023) and, optionally, a set of index names.
+// Every version of one source falls in one bucket, so one stream sees all
+// of a source's events in commit order.
+type Stream struct {
+	Name     string
+	BucketLo int // inclusive, 0..1023
+	BucketHi int // inclusive, 0..1023
+	Indexes  []string
+}
+
+// Partitions splits the outbox into n streams by bucket range, named
+// "<prefix>-<i>-of-<n>".
+func Partitions(prefix string, n int) ([]Stream, error) {
+	if n < 1 || n > 1024 {
+		return nil, fmt.Errorf("relay: partitions: must be 1..1024, got %d", n)
+	}
+	if n == 1 {
+		return []Stream{{Name: prefix, BucketLo: 0, BucketHi: 1023}}, nil
+	}
+	out := make([]Stream, n)
+	for i := range n {
+		out[i] = Stream{
+			Name:     fmt.Sprintf("%s-%d-of-%d", prefix, i, n),
+			BucketLo: i * 1024 / n,
+			BucketHi: (i+1)*1024/n - 1,
+		}
+	}
+	return out, nil
+}
+
+// position is a stream's acknowledgement boundary: every event visible in
+// done is handled, and so is every event of the batch (visible in batch,
+// not in done) at or before (cursorXID, cursorID) in (xid, id) order.
+type position struct {
+	done      Snapshot
+	batch     *Snapshot
+	cursorXID uint64
+	cursorID  int64
+}
+
+func (p position) equal(o position) bool {
+	if !p.done.Equal(o.done) || (p.batch == nil) != (o.batch == nil) {
+		return false
+	}
+	if p.batch != nil && !p.batch.Equal(*o.batch) {
+		return false
+	}
+	return p.cursorXID == o.cursorXID && p.cursorID == o.cursorID
+}
+
+// page is one read: events in (xid, id) order and the position reached
+// once all of them are handled.
+type page struct {
+	events []Event
+	bytes  int
+	pos    position
+}
+
+// reader reads a stream's committed events in snapshot batches, PgQ style:
+// a batch is what became visible between two snapshots. A transaction that
+// commits late is in the earlier snapshot's in-progress list and is picked
+// up by the batch in which it becomes visible, so nothing is skipped; and an
+// unrelated long transaction only adds one cheap lookup of its xid per
+// batch instead of holding back everything behind it.
+type reader struct {
+	pool     *pgxpool.Pool
+	schema   string // quoted
+	stream   Stream
+	maxDocs  int
+	maxBytes int
+	pos      position
+}
+
+const eventColumns = `id, xid, index_name, source_id, version, op, document, coalesce(event_type, ''), headers, occurred_at, created_at`
+
+// filter returns the stream's extra WHERE terms, numbering parameters from next.
+func (r *reader) filter(next int) (string, []any) {
+	var b strings.Builder
+	var args []any
+	if r.stream.BucketLo > 0 || r.stream.BucketHi < 1023 {
+		fmt.Fprintf(&b, " AND bucket BETWEEN $%d AND $%d", next, next+1)
+		args = append(args, int16(r.stream.BucketLo), int16(r.stream.BucketHi))
+		next += 2
+	}
+	if len(r.stream.Indexes) > 0 {
+		fmt.Fprintf(&b, " AND index_name = ANY($%d)", next)
+		args = append(args, r.stream.Indexes)
+	}
+	return b.String(), args
+}
+
+// pageSQL reads the next events of a batch. The first branch picks up the
+// late committers (in progress in done, visible now); the second, the
+// transactions that started after done. Both follow the (xid, id) index.
+// Without an explicit batch snapshot, the statement's own snapshot is the
+// batch's upper bound. Parameters: $1 done's in-progress xids, $2 $3 the
+// cursor, $4 the page size, $5 done's xmax, then the stream filter, then
+// the batch snapshot.
+func (r *reader) pageSQL(batch *Snapshot) (string, []any) {
+	f, fargs := r.filter(6)
+	args := append([]any{r.pos.done.Xip, r.pos.cursorXID, r.pos.cursorID, r.maxDocs, r.pos.done.Xmax}, fargs...)
+	upper := "pg_current_snapshot()"
+	if batch != nil {
+		args = append(args, batch.String())
+		upper = fmt.Sprintf("$%d::pg_snapshot", len(args))
+	}
+	sql := `SELECT ` + eventColumns + ` FROM (
+  (SELECT * FROM ` + r.schema + `.events
+    WHERE xid = ANY($1::xid8[]) AND (xid, id) > ($2::xid8, $3::bigint) AND pg_visible_in_snapshot(xid, ` + upper + `)` + f + `
+    ORDER BY xid, id LIMIT $4)
+  UNION ALL
+  (SELECT * FROM ` + r.schema + `.events
+    WHERE xid >= $5::xid8 AND xid < pg_snapshot_xmax(` + upper + `) AND (xid, id) > ($2::xid8, $3::bigint)
+      AND pg_visible_in_snapshot(xid, ` + upper + `)` + f + `
+    ORDER BY xid, id LIMIT $4)
+) e ORDER BY xid, id LIMIT $4`
+	return sql, args
+}
+
+// next reads one page and advances the reader's own position (not the
+// stream's acknowledged one: the writer persists that after the sink).
+func (r *reader) next(ctx context.Context) (page, error) {
+	if r.pos.batch == nil {
+		return r.nextBatch(ctx)
+	}
+	sql, args := r.pageSQL(r.pos.batch)
+	rows, err := r.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	return r.collect(rows)
+}
+
+// nextBatch takes a new snapshot and reads the first page under it, in one
+// repeatable-read transaction so the page and the snapshot agree.
+func (r *reader) nextBatch(ctx context.Context) (page, error) {
+	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	var text string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
+		return page{}, fmt.Errorf("relay: take snapshot: %w", err)
+	}
+	snap, err := ParseSnapshot(text)
+	if err != nil {
+		return page{}, err
+	}
+	if snap.Xmax == r.pos.done.Xmax && len(finishedSince(r.pos.done, snap)) == 0 {
+		// Nothing has committed since done: skip the events query.
+		return page{pos: r.pos}, nil
+	}
+	r.pos.batch = &snap
+	r.pos.cursorXID, r.pos.cursorID = 0, 0
+	sql, args := r.pageSQL(nil)
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	return r.collect(rows)
+}
+
+func (r *reader) collect(rows pgx.Rows) (page, error) {
+	defer rows.Close()
+	var p page
+	full := false
+	for rows.Next() {
+		var e Event
+		var op string
+		var doc, headers []byte
+		if err := rows.Scan(&e.ID, &e.XID, &e.IndexName, &e.SourceID, &e.Version, &op, &doc, &e.EventType, &headers, &e.OccurredAt, &e.CreatedAt); err != nil {
+			return page{}, fmt.Errorf("relay: read events: %w", err)
+		}
+		e.Op, e.Document, e.Headers = Op(op), doc, headers
+		p.events = append(p.events, e)
+		p.bytes += e.Size()
+		if len(p.events) >= r.maxDocs || p.bytes >= r.maxBytes {
+			// A byte-capped page stops early; the cursor marks where.
+			full = true
+			break
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	if n := len(p.events); n > 0 {
+		r.pos.cursorXID, r.pos.cursorID = p.events[n-1].XID, p.events[n-1].ID
+	}
+	if !full {
+		// The batch is exhausted: everything visible in it is read.
+		r.pos = position{done: *r.pos.batch}
+	}
+	p.pos = r.pos
+	return p, nil
+}

@@ -1,0 +1,298 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/schema"
+)
+
+// Config configures a Relay. Zero values take the documented defaults.
+type Config struct {
+	Pool   *pgxpool.Pool
+	Schema string // default "outbox"
+	Sink   Sink
+	// Streams this process may lead; default one stream "default" covering
+	// the whole outbox. See Partitions.
+	Streams []Stream
+
+	MaxBatchDocs  int // events per page handed to the sink; default 2000
+	MaxBatchBytes int // approximate bytes per page; default 8 MiB
+	Prefetch      int // pages read ahead of the sink; default 2
+
+	MinPollInterval time.Duration // first wait after an empty poll; default 2ms
+	MaxPollInterval time.Duration // longest idle wait; default 100ms
+
+	MaxAttempts int           // transient attempts per event before dead-lettering; default 10
+	BackoffBase time.Duration // default 100ms
+	BackoffMax  time.Duration // default 30s
+
+	LeaseInterval    time.Duration // how often a standby tries to take over; default 1s
+	ShutdownTimeout  time.Duration // grace for in-flight writes on shutdown; default 10s
+	ProgressInterval time.Duration // how often progress over empty batches is stored; default 1s
+
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	if c.Schema == "" {
+		c.Schema = schema.DefaultName
+	}
+	if len(c.Streams) == 0 {
+		c.Streams, _ = Partitions("default", 1)
+	}
+	defInt(&c.MaxBatchDocs, 2000)
+	defInt(&c.MaxBatchBytes, 8<<20)
+	defInt(&c.Prefetch, 2)
+	defInt(&c.MaxAttempts, 10)
+	def(&c.MinPollInterval, 2*time.Millisecond)
+	def(&c.MaxPollInterval, 100*time.Millisecond)
+	def(&c.BackoffBase, 100*time.Millisecond)
+	def(&c.BackoffMax, 30*time.Second)
+	def(&c.LeaseInterval, time.Second)
+	def(&c.ShutdownTimeout, 10*time.Second)
+	def(&c.ProgressInterval, time.Second)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Relay streams committed outbox events to a Sink. See the package doc.
+type Relay struct {
+	cfg     Config
+	schema  string // quoted
+	k1      int32
+	metrics *metrics
+	log     *slog.Logger
+
+	mu   sync.Mutex
+	held map[string]context.CancelFunc // streams this process leads
+}
+
+// New checks cfg and returns a Relay; Run starts it.
+func New(cfg Config) (*Relay, error) {
+	cfg.setDefaults()
+	if cfg.Pool == nil {
+		return nil, errors.New("relay: config: Pool is required")
+	}
+	if cfg.Sink == nil {
+		return nil, errors.New("relay: config: Sink is required")
+	}
+	id, err := schema.Ident(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for _, s := range cfg.Streams {
+		switch {
+		case s.Name == "":
+			return nil, errors.New("relay: config: streams: a stream needs a name")
+		case seen[s.Name]:
+			return nil, fmt.Errorf("relay: config: streams: %q listed twice", s.Name)
+		case s.BucketLo < 0 || s.BucketHi > 1023 || s.BucketLo > s.BucketHi:
+			return nil, fmt.Errorf("relay: config: streams: %q: bucket range %d..%d is not within 0..1023", s.Name, s.BucketLo, s.BucketHi)
+		}
+		seen[s.Name] = true
+	}
+	k1, _ := lockKeys(cfg.Schema, "")
+	r := &Relay{
+		cfg:     cfg,
+		schema:  id,
+		k1:      k1,
+		metrics: newMetrics(cfg.Registerer),
+		log:     cfg.Logger,
+		held:    map[string]context.CancelFunc{},
+	}
+	for _, s := range cfg.Streams {
+		r.metrics.leader.WithLabelValues(s.Name).Set(0)
+	}
+	return r, nil
+}
+
+// Leading lists the streams this process currently leads.
+func (r *Relay) Leading() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.held))
+	for s := range r.held {
+		out = append(out, s)
+	}
+	return out
+}
+
+// Streams lists the streams this relay may lead.
+func (r *Relay) Streams() []Stream { return r.cfg.Streams }
+
+// Run leads whichever streams it can until ctx is cancelled, then shuts
+// down gracefully: it stops reading, lets in-flight writes finish within
+// ShutdownTimeout and persists progress. It returns nil after a graceful
+// shutdown and an error (e.g. a *ProgressError) when a stream cannot go on.
+func (r *Relay) Run(ctx context.Context) error {
+	member, err := r.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer member.Close(context.WithoutCancel(ctx))
+	if err := joinMembers(ctx, member, r.k1); err != nil {
+		return fmt.Errorf("relay: join relays: %w", err)
+	}
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for _, s := range r.cfg.Streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.contend(ctx, member, s); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
+	cc := r.cfg.Pool.Config().ConnConfig.Copy()
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("relay: connect: %w", err)
+	}
+	return conn, nil
+}
+
+// fairShare is how many streams this process should lead given the number
+// of live relays: ceil(streams / relays).
+func (r *Relay) fairShare(ctx context.Context, member *pgx.Conn) int {
+	r.mu.Lock()
+	defer r.mu.Unlock() // also serializes use of the member connection
+	n, err := countMembers(ctx, member, r.k1)
+	if err != nil || n < 1 {
+		n = 1
+	}
+	total := len(r.cfg.Streams)
+	return (total + n - 1) / n
+}
+
+func (r *Relay) leadingCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.held)
+}
+
+// contend stands by for stream s and leads it whenever it can take the
+// lock and has room in its fair share.
+func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
+	k1, k2 := lockKeys(r.cfg.Schema, s.Name)
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close(context.WithoutCancel(ctx))
+		}
+	}()
+	for {
+		if r.leadingCount() < r.fairShare(ctx, member) {
+			if conn == nil || conn.IsClosed() {
+				c, err := r.connect(ctx)
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					r.log.Warn("relay: cannot connect; will retry", "stream", s.Name, "err", err)
+				}
+				conn = c
+			}
+			if conn != nil {
+				ok, err := tryLock(ctx, conn, k1, k2)
+				switch {
+				case err != nil && ctx.Err() == nil:
+					r.log.Warn("relay: lock attempt failed; will retry", "stream", s.Name, "err", err)
+					conn.Close(ctx)
+					conn = nil
+				case ok:
+					err := r.lead(ctx, member, conn, s)
+					// Closing the session is what releases the lock.
+					conn.Close(context.WithoutCancel(ctx))
+					conn = nil
+					if err != nil {
+						return err
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(jitter(r.cfg.LeaseInterval)):
+		}
+	}
+}
+
+// lead runs stream s while this process holds its lock. It returns nil on
+// shutdown or when handing the stream to another relay for balance.
+func (r *Relay) lead(ctx context.Context, member, conn *pgx.Conn, s Stream) error {
+	ctx, yield := context.WithCancel(ctx)
+	defer yield()
+	r.mu.Lock()
+	r.held[s.Name] = yield
+	r.mu.Unlock()
+	r.metrics.leader.WithLabelValues(s.Name).Set(1)
+	defer func() {
+		r.mu.Lock()
+		delete(r.held, s.Name)
+		r.mu.Unlock()
+		r.metrics.leader.WithLabelValues(s.Name).Set(0)
+	}()
+
+	pos, err := loadProgress(ctx, conn, r.schema, s)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	r.log.Info("relay: leading stream", "stream", s.Name, "position", pos.done.String())
+	w := &streamWriter{r: r, member: member, conn: conn, stream: s, acked: pos, stored: time.Now()}
+	return w.run(ctx)
+}
+
+// yieldExtra hands back one stream when this process leads more than its
+// fair share, so a newly started relay gets work. The stream with the
+// greatest name goes, so every process agrees on which.
+func (r *Relay) yieldExtra(ctx context.Context, member *pgx.Conn, stream string) bool {
+	share := r.fairShare(ctx, member)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.held) <= share {
+		return false
+	}
+	for s := range r.held {
+		if s > stream {
+			return false
+		}
+	}
+	return true
+}
