@@ -119,12 +119,22 @@ func nullTime(t time.Time) any {
 	return t
 }
 
+// refuse fails a statement on db with err's text, so a refused event aborts
+// the caller's transaction just as the SQL append would: a caller that
+// ignores the error cannot commit the business row without its event.
+// Validate alone checks an event without touching the database.
+func (o *Outbox) refuse(ctx context.Context, db DB, err error) error {
+	_, _ = db.Exec(ctx, `SELECT `+o.ident+`.refuse($1)`, err.Error())
+	return err
+}
+
 // Append writes one event inside db (normally the caller's transaction) and
 // returns its id. A Version of 0 asks the outbox for the next version of
-// (IndexName, SourceID).
+// (IndexName, SourceID). An invalid event returns a *ValidationError and
+// aborts the transaction.
 func (o *Outbox) Append(ctx context.Context, db DB, e Event) (int64, error) {
 	if err := Validate(&e); err != nil {
-		return 0, err
+		return 0, o.refuse(ctx, db, err)
 	}
 	var id int64
 	var err error
@@ -145,11 +155,13 @@ func (o *Outbox) Append(ctx context.Context, db DB, e Event) (int64, error) {
 
 // AppendBatch writes many events in one round trip. Events with explicit
 // versions go through COPY; auto-versioned ones through one batch of
-// append calls. It returns how many events were written.
+// append calls. It returns how many events were written. Pass a
+// transaction: on a pool the COPY and the batch may commit separately.
+// One invalid event refuses the whole batch and aborts the transaction.
 func (o *Outbox) AppendBatch(ctx context.Context, db DB, events []Event) (int64, error) {
 	for i := range events {
 		if err := Validate(&events[i]); err != nil {
-			return 0, fmt.Errorf("event %d: %w", i, err)
+			return 0, o.refuse(ctx, db, fmt.Errorf("event %d: %w", i, err))
 		}
 	}
 	var explicit [][]any

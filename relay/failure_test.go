@@ -1,0 +1,198 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/relay"
+)
+
+func TestRelayFailures(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a sink that is down makes the backlog grow, then it drains completely", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		sink.setDown(true)
+		start(t, e.config(sink))
+		ids := e.append(t, 300)
+		eventually(t, 10*time.Second, "backlog of 300", func() bool { return e.backlog(t) == 300 })
+		time.Sleep(300 * time.Millisecond) // several failed attempts
+		if n := sink.delivered(); n != 0 {
+			t.Fatalf("delivered %d while down", n)
+		}
+		sink.setDown(false)
+		eventually(t, 20*time.Second, "backlog drained", func() bool { return e.backlog(t) == 0 })
+		for _, id := range ids {
+			if !sink.has(id) {
+				t.Fatalf("event %d lost", id)
+			}
+		}
+		var dead int
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".dead_letters`).Scan(&dead); err != nil {
+			t.Fatal(err)
+		}
+		if dead != 0 {
+			t.Fatalf("an outage dead-lettered %d events", dead)
+		}
+	})
+
+	t.Run("a rejected event is dead-lettered with its reason and later events flow", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		sink.outcome = func(ev relay.Event) relay.Outcome {
+			if ev.SourceID == "s3" {
+				return relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: field [n] of type long"}
+			}
+			return relay.Outcome{Status: relay.Applied}
+		}
+		start(t, e.config(sink))
+		ids := e.append(t, 10)
+		eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[9]) && e.backlog(t) == 0 })
+		var reason, source string
+		var attempts int
+		err := e.pool.QueryRow(context.Background(), `SELECT source_id, reason, attempts FROM "`+e.schema+`".dead_letters`).Scan(&source, &reason, &attempts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if source != "s3" || !strings.Contains(reason, "mapper_parsing_exception") || attempts != 1 {
+			t.Fatalf("dead letter = %s %q attempts=%d", source, reason, attempts)
+		}
+	})
+
+	t.Run("an event failing transiently past the attempt limit is dead-lettered, not retried forever", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		var tries atomic.Int64
+		sink.outcome = func(ev relay.Event) relay.Outcome {
+			if ev.SourceID == "s1" {
+				tries.Add(1)
+				return relay.Outcome{Status: relay.Retry, Reason: "es_rejected_execution_exception (429)"}
+			}
+			return relay.Outcome{Status: relay.Applied}
+		}
+		cfg := e.config(sink)
+		cfg.MaxAttempts = 4
+		start(t, cfg)
+		ids := e.append(t, 3)
+		eventually(t, 10*time.Second, "backlog drained", func() bool { return sink.has(ids[2]) && e.backlog(t) == 0 })
+		var reason string
+		var attempts int
+		if err := e.pool.QueryRow(context.Background(), `SELECT reason, attempts FROM "`+e.schema+`".dead_letters WHERE source_id = 's1'`).Scan(&reason, &attempts); err != nil {
+			t.Fatal(err)
+		}
+		if attempts != 4 || tries.Load() != 4 || !strings.Contains(reason, "gave up after 4 attempts") {
+			t.Fatalf("attempts=%d tries=%d reason=%q", attempts, tries.Load(), reason)
+		}
+	})
+
+	t.Run("a progress write failure stops the relay and leaves progress where it was", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		ctx := context.Background()
+		stop := start(t, e.config(sink))
+		first := e.append(t, 5)
+		eventually(t, 10*time.Second, "first events acknowledged", func() bool { return e.backlog(t) == 0 && sink.has(first[4]) })
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		var before string
+		if err := e.pool.QueryRow(ctx, `SELECT done_snapshot::text FROM "`+e.schema+`".progress`).Scan(&before); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.pool.Exec(ctx, `CREATE FUNCTION "`+e.schema+`".deny() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN RAISE EXCEPTION 'progress is read-only for this test'; END $$;
+			CREATE TRIGGER deny BEFORE UPDATE ON "`+e.schema+`".progress FOR EACH ROW EXECUTE FUNCTION "`+e.schema+`".deny()`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := relay.New(e.config(sink))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.append(t, 5)
+		runCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		err = r.Run(runCtx)
+		if !relay.IsProgressError(err) || !strings.Contains(err.Error(), "read-only for this test") {
+			t.Fatalf("Run = %v, want a ProgressError naming the cause", err)
+		}
+		var after string
+		if err := e.pool.QueryRow(ctx, `SELECT done_snapshot::text FROM "`+e.schema+`".progress`).Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if after != before {
+			t.Fatalf("progress moved from %s to %s although it could not be written", before, after)
+		}
+		if n := e.backlog(t); n != 5 {
+			t.Fatalf("backlog = %d, want the 5 unacknowledged events", n)
+		}
+	})
+
+	t.Run("graceful shutdown persists progress and a restart re-delivers nothing acknowledged", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		stop := start(t, e.config(sink))
+		ids := e.append(t, 200)
+		eventually(t, 10*time.Second, "all delivered", func() bool { return sink.delivered() == len(ids) })
+		if err := stop(); err != nil {
+			t.Fatalf("graceful shutdown: %v", err)
+		}
+		if n := e.backlog(t); n != 0 {
+			t.Fatalf("backlog after graceful shutdown = %d", n)
+		}
+		again := newRecordingSink()
+		start(t, e.config(again))
+		more := e.append(t, 1)
+		eventually(t, 10*time.Second, "new event delivered after restart", func() bool { return again.has(more[0]) })
+		if n := again.delivered(); n != 1 {
+			t.Fatalf("restart re-delivered %d acknowledged events", n-1)
+		}
+	})
+
+	t.Run("events of one source reach the sink in commit order", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		cfg := e.config(sink)
+		cfg.MaxBatchDocs = 7 // many pages and batches
+		start(t, cfg)
+		ctx := context.Background()
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 50 {
+					_, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "items", SourceID: fmt.Sprintf("w%d", w%2), Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		eventually(t, 20*time.Second, "all delivered", func() bool { return sink.delivered() == 200 })
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		last := map[string]int64{}
+		for _, ev := range sink.seen {
+			if ev.Version <= last[ev.SourceID] {
+				t.Fatalf("source %s: version %d delivered after %d", ev.SourceID, ev.Version, last[ev.SourceID])
+			}
+			last[ev.SourceID] = ev.Version
+		}
+	})
+}
