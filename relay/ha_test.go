@@ -104,4 +104,3 @@ func idsOf(s *recordingSink) []int64 {
 	}
 	return out
 }
-

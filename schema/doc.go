@@ -4,8 +4,9 @@
 //
 // Every object lives in one schema whose name is chosen at migration time
 // (default "outbox"). The name is quoted everywhere, so "Outbox" or
-// "my outbox" work; a name with a single quote or a NUL byte is refused
-// because it would also appear inside SQL string literals.
+// "my outbox" work; a name with a single quote, a $ or a NUL byte is
+// refused because it also appears inside SQL string literals and
+// $$-quoted function bodies.
 //
 // Migrate is safe to run concurrently from several processes: it takes a
 // transaction-scoped advisory lock per schema, applies what is missing in

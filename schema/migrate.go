@@ -46,8 +46,10 @@ func ValidateName(name string) error {
 		return fmt.Errorf("schema: name: must not be empty")
 	case len(name) > 63:
 		return fmt.Errorf("schema: name: %d bytes, PostgreSQL allows at most 63", len(name))
-	case strings.ContainsAny(name, "'\x00"):
-		return fmt.Errorf("schema: name: must not contain a single quote or NUL byte")
+	case strings.ContainsAny(name, "'$\x00"):
+		// The name is spliced into SQL string literals and $$-quoted
+		// function bodies, where a quote or a $ would end them early.
+		return fmt.Errorf("schema: name: %q must not contain a single quote, a $ or a NUL byte", name)
 	}
 	return nil
 }

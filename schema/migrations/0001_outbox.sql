@@ -23,8 +23,11 @@ CREATE TABLE {{schema}}.events (
     CONSTRAINT "source_id: must be 1 to 512 bytes" CHECK (octet_length(source_id) BETWEEN 1 AND 512),
     CONSTRAINT "version: must be >= 1" CHECK (version >= 1),
     CONSTRAINT "op: must be upsert or delete" CHECK (op IN ('upsert', 'delete')),
-    CONSTRAINT "document: upsert needs a JSON object" CHECK (op <> 'upsert' OR jsonb_typeof(document) = 'object'),
+    -- IS NOT NULL: a CHECK that evaluates to NULL passes, so a missing
+    -- document must make the expression false, not unknown.
+    CONSTRAINT "document: upsert needs a JSON object" CHECK (op <> 'upsert' OR (document IS NOT NULL AND jsonb_typeof(document) = 'object')),
     CONSTRAINT "document: delete must not carry one" CHECK (op <> 'delete' OR document IS NULL),
+    CONSTRAINT "headers: must be a JSON object" CHECK (headers IS NULL OR jsonb_typeof(headers) = 'object'),
     CONSTRAINT "index_name: not a valid Elasticsearch index name" CHECK (
         octet_length(index_name) BETWEEN 1 AND 255
         AND index_name NOT IN ('.', '..')

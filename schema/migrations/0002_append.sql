@@ -43,6 +43,9 @@ BEGIN
     IF op = 'delete' AND document IS NOT NULL THEN
         RAISE EXCEPTION 'outboxd: document: a delete must not carry a document' USING ERRCODE = '22023';
     END IF;
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'outboxd: headers: must be a JSON object, got %', jsonb_typeof(headers) USING ERRCODE = '22023';
+    END IF;
     IF index_name IS NULL OR index_name = '' THEN
         RAISE EXCEPTION 'outboxd: index_name: must not be empty' USING ERRCODE = '22023';
     END IF;
@@ -87,7 +90,7 @@ BEGIN
     IF TG_OP = 'DELETE' THEN
         PERFORM {{schema}}.append(idx, sid, CASE WHEN ver IS NULL THEN NULL ELSE ver + 1 END, 'delete', NULL, TG_TABLE_NAME || '.deleted');
     ELSE
-        PERFORM {{schema}}.append(idx, sid, ver, 'upsert', r, TG_TABLE_NAME || '.' || lower(TG_OP) || 'd');
+        PERFORM {{schema}}.append(idx, sid, ver, 'upsert', r, TG_TABLE_NAME || CASE TG_OP WHEN 'INSERT' THEN '.inserted' ELSE '.updated' END);
     END IF;
     RETURN NULL;
 END
@@ -103,14 +106,17 @@ BEGIN
         RAISE EXCEPTION 'outboxd: version_column: % has no column %', tbl, quote_ident(version_column) USING ERRCODE = '22023';
     END IF;
     -- Validates the index name now rather than on the first captured row.
-    PERFORM 1 WHERE index_name ~ '^[^_+A-Z\\/*?"<>|,# :-][^A-Z\\/*?"<>|,# :]*$' AND octet_length(index_name) <= 255;
+    PERFORM 1 WHERE index_name ~ '^[^_+A-Z\\/*?"<>|,# :-][^A-Z\\/*?"<>|,# :]*$' AND octet_length(index_name) <= 255
+        AND index_name NOT IN ('.', '..');
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outboxd: index_name: % is not a valid Elasticsearch index name', quote_literal(index_name) USING ERRCODE = '22023';
     END IF;
     EXECUTE format('DROP TRIGGER IF EXISTS outboxd_capture ON %s', tbl);
+    -- The schema is an argument, not part of the format string: a % in its
+    -- name would otherwise be read as a format specifier.
     EXECUTE format(
-        'CREATE TRIGGER outboxd_capture AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION {{schema}}.capture_trigger(%L, %L, %L)',
-        tbl, index_name, id_column, coalesce(version_column, ''));
+        'CREATE TRIGGER outboxd_capture AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s.capture_trigger(%L, %L, %L)',
+        tbl, '{{schema}}', index_name, id_column, coalesce(version_column, ''));
 END
 $$;
 
@@ -118,5 +124,15 @@ CREATE FUNCTION {{schema}}.uncapture(tbl regclass) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     EXECUTE format('DROP TRIGGER IF EXISTS outboxd_capture ON %s', tbl);
+END
+$$;
+
+-- refuse fails the calling statement, and so the caller's transaction, with
+-- reason. The Go Append validates in the client and calls it on a refusal,
+-- so a bad event aborts the transaction exactly as the SQL append does.
+CREATE FUNCTION {{schema}}.refuse(reason text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '%', reason USING ERRCODE = '22023';
 END
 $$;

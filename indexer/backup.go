@@ -1,0 +1,385 @@
+package indexer
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/elastic/go-elasticsearch/v8"
+	"github.com/elastic/go-elasticsearch/v8/esapi"
+)
+
+// Backup kinds. A repair backup is NDJSON: one header line, then one line
+// per document the repair will touch (with its source and the coordinates
+// it had) and one line per document the repair will create, so a restore
+// can remove what did not exist before.
+const (
+	BackupHeader   = "header"
+	BackupDocument = "document"
+	BackupCreated  = "created"
+)
+
+// BackupEntry is one line of a repair backup.
+type BackupEntry struct {
+	Kind        string          `json:"kind"`
+	Index       string          `json:"index,omitempty"`
+	ID          string          `json:"_id,omitempty"`
+	Version     int64           `json:"_version,omitempty"` // for created: the version the repair writes
+	SeqNo       int64           `json:"_seq_no,omitempty"`
+	PrimaryTerm int64           `json:"_primary_term,omitempty"`
+	Source      json.RawMessage `json:"_source,omitempty"`
+	// Header only.
+	Target   string    `json:"target,omitempty"`
+	Operator string    `json:"operator,omitempty"`
+	Time     time.Time `json:"time,omitzero"`
+}
+
+type repairRef struct{ index, id string }
+
+type repairFetched struct {
+	Index       string          `json:"_index"`
+	ID          string          `json:"_id"`
+	Found       bool            `json:"found"`
+	Version     int64           `json:"_version"`
+	SeqNo       int64           `json:"_seq_no"`
+	PrimaryTerm int64           `json:"_primary_term"`
+	Source      json.RawMessage `json:"_source"`
+}
+
+// repairMget fetches documents by (index, _id) in one request.
+func repairMget(ctx context.Context, es *elasticsearch.Client, refs []repairRef, source bool) (map[repairRef]repairFetched, error) {
+	out := make(map[repairRef]repairFetched, len(refs))
+	if len(refs) == 0 {
+		return out, nil
+	}
+	type doc struct {
+		Index  string `json:"_index"`
+		ID     string `json:"_id"`
+		Source bool   `json:"_source"`
+	}
+	docs := make([]doc, len(refs))
+	for i, r := range refs {
+		docs[i] = doc{r.index, r.id, source}
+	}
+	body, err := json.Marshal(map[string]any{"docs": docs})
+	if err != nil {
+		return nil, err
+	}
+	realtime := true
+	var res struct {
+		Docs []repairFetched `json:"docs"`
+	}
+	if err := scanDo(ctx, es, esapi.MgetRequest{Body: bytes.NewReader(body), Realtime: &realtime}, &res); err != nil {
+		return nil, fmt.Errorf("indexer: mget: %w", err)
+	}
+	for _, d := range res.Docs {
+		out[repairRef{d.Index, d.ID}] = d
+	}
+	return out, nil
+}
+
+// repairBulkItem is one item of a bulk answer.
+type repairBulkItem struct {
+	Status  int   `json:"status"`
+	Version int64 `json:"_version"`
+	Error   *struct {
+		Type   string `json:"type"`
+		Reason string `json:"reason"`
+	} `json:"error"`
+}
+
+func (it repairBulkItem) reason() string {
+	if it.Error == nil {
+		return fmt.Sprintf("status %d", it.Status)
+	}
+	return it.Error.Type + ": " + it.Error.Reason
+}
+
+// repairBulk sends an NDJSON bulk body and returns the items in order.
+func repairBulk(ctx context.Context, es *elasticsearch.Client, body []byte) ([]repairBulkItem, error) {
+	var res struct {
+		Items []map[string]repairBulkItem `json:"items"`
+	}
+	if err := scanDo(ctx, es, esapi.BulkRequest{Body: bytes.NewReader(body)}, &res); err != nil {
+		return nil, fmt.Errorf("indexer: bulk: %w", err)
+	}
+	out := make([]repairBulkItem, len(res.Items))
+	for i, m := range res.Items {
+		for _, it := range m {
+			out[i] = it
+		}
+	}
+	return out, nil
+}
+
+func repairAction(buf *bytes.Buffer, action string, meta map[string]any, source json.RawMessage) {
+	b, _ := json.Marshal(map[string]any{action: meta})
+	buf.Write(b)
+	buf.WriteByte('\n')
+	if source != nil {
+		buf.Write(source)
+		buf.WriteByte('\n')
+	}
+}
+
+// repairWriteBackup writes the backup of every document plan touches and
+// every document it creates, then fsyncs the file and its directory. The
+// file must not exist: a backup is never overwritten.
+func repairWriteBackup(ctx context.Context, es *elasticsearch.Client, plan *RepairPlan, path, operator string, batch int) (err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("indexer: backup: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("indexer: backup: %w", cerr)
+		}
+	}()
+	w := bufio.NewWriterSize(f, 1<<20)
+	enc := json.NewEncoder(w)
+	if err := enc.Encode(BackupEntry{Kind: BackupHeader, Index: plan.Index, Target: plan.WriteIndex, Operator: operator, Time: time.Now().UTC()}); err != nil {
+		return fmt.Errorf("indexer: backup: %w", err)
+	}
+	var refs []repairRef
+	flush := func() error {
+		got, err := repairMget(ctx, es, refs, true)
+		if err != nil {
+			return err
+		}
+		for _, r := range refs {
+			d, ok := got[r]
+			if !ok || !d.Found {
+				continue // gone since the scan; its conditional delete will report it
+			}
+			e := BackupEntry{Kind: BackupDocument, Index: d.Index, ID: d.ID, Version: d.Version, SeqNo: d.SeqNo, PrimaryTerm: d.PrimaryTerm, Source: d.Source}
+			if err := enc.Encode(e); err != nil {
+				return err
+			}
+		}
+		refs = refs[:0]
+		return nil
+	}
+	for _, g := range plan.Groups {
+		if g.Conflict != "" {
+			continue
+		}
+		if g.Rewrite && g.Overwrites == nil {
+			if err := enc.Encode(BackupEntry{Kind: BackupCreated, Index: plan.WriteIndex, ID: g.TargetID, Version: g.Keeper.Version}); err != nil {
+				return fmt.Errorf("indexer: backup: %w", err)
+			}
+		}
+		if g.Overwrites != nil {
+			refs = append(refs, repairRef{g.Overwrites.Index, g.Overwrites.ID})
+		}
+		for _, d := range g.Remove {
+			refs = append(refs, repairRef{d.Index, d.ID})
+		}
+		if len(refs) >= batch {
+			if err := flush(); err != nil {
+				return fmt.Errorf("indexer: backup: %w", err)
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		return fmt.Errorf("indexer: backup: %w", err)
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("indexer: backup: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("indexer: backup: fsync: %w", err)
+	}
+	// The file's directory entry must be durable too, or a crash can lose
+	// the backup of documents already deleted.
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		serr := d.Sync()
+		d.Close()
+		if serr != nil {
+			return fmt.Errorf("indexer: backup: fsync directory: %w", serr)
+		}
+	}
+	return nil
+}
+
+// RestoreOptions configures RestoreRepair.
+type RestoreOptions struct {
+	Audit    *AuditLog
+	Batch    int // documents per request; 0 means 500
+	Progress *Progress
+}
+
+// RestoreResult counts a restore.
+type RestoreResult struct {
+	Restored int `json:"restored"` // at their backed-up _version
+	// Raised were restored with their backed-up source but at the version
+	// Elasticsearch holds now: external versioning cannot go down while
+	// a newer version is known (the repair's rewrite, or the delete
+	// tombstone Elasticsearch keeps for index.gc_deletes, 60s by default).
+	Raised  int          `json:"raised"`
+	Removed int          `json:"removed"` // documents the repair had created
+	Skipped []RepairSkip `json:"skipped,omitempty"`
+}
+
+var repairCurrentVersionRE = regexp.MustCompile(`current version \[(\d+)\]`)
+
+// RestoreRepair puts back what a repair backup holds: every backed-up
+// document under its index and _id with its source, at its backed-up
+// _version (version_type=external_gte) when Elasticsearch allows it; and
+// removes every document the repair created, unless it changed since (its
+// _version is no longer the one the repair wrote), which is reported.
+func RestoreRepair(ctx context.Context, es *elasticsearch.Client, path string, opts RestoreOptions) (*RestoreResult, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("indexer: restore: %w", err)
+	}
+	defer f.Close()
+	batch := opts.Batch
+	if batch <= 0 {
+		batch = 500
+	}
+	res := &RestoreResult{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 512<<20)
+	var pending []BackupEntry
+	line := 0
+	sawHeader := false
+	for sc.Scan() {
+		line++
+		var e BackupEntry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			return res, fmt.Errorf("indexer: restore: %s line %d: %w", path, line, err)
+		}
+		switch e.Kind {
+		case BackupHeader:
+			sawHeader = true
+			continue
+		case BackupDocument, BackupCreated:
+		default:
+			return res, fmt.Errorf("indexer: restore: %s line %d: kind: unknown %q", path, line, e.Kind)
+		}
+		if !sawHeader {
+			return res, fmt.Errorf("indexer: restore: %s: not a repair backup (no header line)", path)
+		}
+		pending = append(pending, e)
+		if len(pending) >= batch {
+			if err := repairRestoreBatch(ctx, es, pending, res, opts); err != nil {
+				return res, err
+			}
+			pending = pending[:0]
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return res, fmt.Errorf("indexer: restore: %s: %w", path, err)
+	}
+	if err := repairRestoreBatch(ctx, es, pending, res, opts); err != nil {
+		return res, err
+	}
+	_ = opts.Audit.Append(AuditEntry{Action: "repair.restore", Reason: "restore from " + path, Outcome: fmt.Sprintf("restored %d, raised %d, removed %d, skipped %d", res.Restored, res.Raised, res.Removed, len(res.Skipped))})
+	return res, opts.Audit.Sync()
+}
+
+func repairRestoreBatch(ctx context.Context, es *elasticsearch.Client, entries []BackupEntry, res *RestoreResult, opts RestoreOptions) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	var created []repairRef
+	var docs []BackupEntry
+	for _, e := range entries {
+		if e.Kind == BackupCreated {
+			created = append(created, repairRef{e.Index, e.ID})
+		} else {
+			docs = append(docs, e)
+		}
+	}
+	// Remove the repair's creations, but only as the repair left them.
+	if len(created) > 0 {
+		got, err := repairMget(ctx, es, created, false)
+		if err != nil {
+			return fmt.Errorf("indexer: restore: %w", err)
+		}
+		var buf bytes.Buffer
+		var refs []repairRef
+		for _, e := range entries {
+			if e.Kind != BackupCreated {
+				continue
+			}
+			d := got[repairRef{e.Index, e.ID}]
+			switch {
+			case !d.Found:
+				continue
+			case d.Version != e.Version:
+				res.Skipped = append(res.Skipped, RepairSkip{Index: e.Index, ID: e.ID, Reason: fmt.Sprintf("created by the repair at version %d but now at %d: changed since, left in place", e.Version, d.Version)})
+				continue
+			}
+			repairAction(&buf, "delete", map[string]any{"_index": e.Index, "_id": e.ID, "if_seq_no": d.SeqNo, "if_primary_term": d.PrimaryTerm}, nil)
+			refs = append(refs, repairRef{e.Index, e.ID})
+		}
+		if len(refs) > 0 {
+			items, err := repairBulk(ctx, es, buf.Bytes())
+			if err != nil {
+				return fmt.Errorf("indexer: restore: %w", err)
+			}
+			for i, it := range items {
+				if it.Status < 300 {
+					res.Removed++
+				} else {
+					res.Skipped = append(res.Skipped, RepairSkip{Index: refs[i].index, ID: refs[i].id, Reason: "remove created document: " + it.reason()})
+				}
+			}
+		}
+	}
+	if len(docs) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	for _, e := range docs {
+		repairAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": e.Version, "version_type": "external_gte"}, e.Source)
+	}
+	items, err := repairBulk(ctx, es, buf.Bytes())
+	if err != nil {
+		return fmt.Errorf("indexer: restore: %w", err)
+	}
+	buf.Reset()
+	var raised []BackupEntry
+	for i, it := range items {
+		e := docs[i]
+		switch {
+		case it.Status < 300:
+			res.Restored++
+		case it.Status == 409 && it.Error != nil:
+			m := repairCurrentVersionRE.FindStringSubmatch(it.Error.Reason)
+			if m == nil {
+				res.Skipped = append(res.Skipped, RepairSkip{Index: e.Index, ID: e.ID, Reason: it.reason()})
+				continue
+			}
+			v, _ := strconv.ParseInt(m[1], 10, 64)
+			repairAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": v, "version_type": "external_gte"}, e.Source)
+			raised = append(raised, e)
+		default:
+			res.Skipped = append(res.Skipped, RepairSkip{Index: e.Index, ID: e.ID, Reason: it.reason()})
+		}
+	}
+	opts.Progress.Add(int64(len(entries)))
+	if len(raised) == 0 {
+		return nil
+	}
+	items, err = repairBulk(ctx, es, buf.Bytes())
+	if err != nil {
+		return fmt.Errorf("indexer: restore: %w", err)
+	}
+	for i, it := range items {
+		if it.Status < 300 {
+			res.Raised++
+		} else {
+			res.Skipped = append(res.Skipped, RepairSkip{Index: raised[i].Index, ID: raised[i].ID, Reason: it.reason()})
+		}
+	}
+	return nil
+}

@@ -1,0 +1,211 @@
+package indexer
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/outboxd/outboxd/relay"
+)
+
+// The bulk body is built by appending to pooled byte slices: no
+// encoding/json on the hot path, no per-event allocation beyond what
+// append amortizes.
+var bodyPool = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+func getBody() *[]byte { return bodyPool.Get().(*[]byte) }
+
+func putBody(b *[]byte) {
+	if cap(*b) > 16<<20 { // let the GC have the rare giant
+		return
+	}
+	*b = (*b)[:0]
+	bodyPool.Put(b)
+}
+
+// versionType of an index action. The first attempt of every upsert uses
+// strict "external": an equal version is then a 409 the sink can inspect,
+// so a replayed event is reported Stale instead of silently re-applied.
+// Only when the stored document at that same version differs from the
+// event's does the sink re-send with "external_gte", so the later write
+// still wins, as the outboxd convention (version >= stored) requires.
+type versionType uint8
+
+const (
+	external versionType = iota
+	externalGTE
+)
+
+// appendAction appends one bulk "index" action line; the caller appends
+// the source line.
+func appendAction(b []byte, index, id string, version int64, vt versionType) []byte {
+	b = append(b, `{"index":{"_index":`...)
+	b = appendString(b, index)
+	b = append(b, `,"_id":`...)
+	b = appendString(b, id)
+	b = append(b, `,"version":`...)
+	b = strconv.AppendInt(b, version, 10)
+	if vt == externalGTE {
+		b = append(b, `,"version_type":"external_gte"}}`...)
+	} else {
+		b = append(b, `,"version_type":"external"}}`...)
+	}
+	return append(b, '\n')
+}
+
+// appendTombstone appends the source of a tombstone document.
+func appendTombstone(b []byte, deletedAt string) []byte {
+	b = append(b, `{"outboxd_deleted":true,"outboxd_deleted_at":"`...)
+	b = append(b, deletedAt...)
+	return append(b, `"}`...)
+}
+
+// appendString appends s as a JSON string. Ids and index names are nearly
+// always plain ASCII, which is copied as is.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+			q, _ := json.Marshal(s) // a string always marshals
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// checkDocument returns why doc cannot be sent as a bulk source line, or
+// "". A source must be one JSON object on one line: a newline inside it
+// would split the bulk framing and fail the whole request.
+func checkDocument(doc []byte) string {
+	i := 0
+	for i < len(doc) && (doc[i] == ' ' || doc[i] == '\t' || doc[i] == '\n' || doc[i] == '\r') {
+		i++
+	}
+	if i == len(doc) || doc[i] != '{' {
+		return "document: must be a JSON object"
+	}
+	if !json.Valid(doc) {
+		return "document: invalid JSON"
+	}
+	return ""
+}
+
+// oneLine returns doc without newlines, compacting it only when needed.
+func oneLine(doc []byte) []byte {
+	if bytes.IndexByte(doc, '\n') < 0 && bytes.IndexByte(doc, '\r') < 0 {
+		return doc
+	}
+	var out bytes.Buffer
+	_ = json.Compact(&out, doc) // checkDocument validated it
+	return out.Bytes()
+}
+
+// bulkResponse is the part of a _bulk answer kept by bulkFilterPath.
+type bulkResponse struct {
+	Errors bool `json:"errors"`
+	Items  []struct {
+		Index bulkItem `json:"index"`
+	} `json:"items"`
+}
+
+type bulkItem struct {
+	Status int      `json:"status"`
+	Error  *esError `json:"error"`
+}
+
+type esError struct {
+	Type     string   `json:"type"`
+	Reason   string   `json:"reason"`
+	CausedBy *esError `json:"caused_by"`
+}
+
+func (e *esError) String() string {
+	if e == nil {
+		return ""
+	}
+	s := e.Type + ": " + e.Reason
+	if e.CausedBy != nil && e.CausedBy.Reason != "" {
+		s += " (caused by " + e.CausedBy.Type + ": " + e.CausedBy.Reason + ")"
+	}
+	return s
+}
+
+// bulkFilterPath keeps only what classification needs; a fully successful
+// bulk answer shrinks to {"errors":false,"items":[{"index":{"status":201}},...]}.
+var bulkFilterPath = []string{"errors", "items.*.status", "items.*.error.type", "items.*.error.reason", "items.*.error.caused_by.type", "items.*.error.caused_by.reason"}
+
+// allSucceeded recognizes the answer of a bulk without item errors without
+// decoding it; Elasticsearch writes "errors" before "items".
+func allSucceeded(body []byte) bool {
+	return bytes.HasPrefix(body, []byte(`{"errors":false`))
+}
+
+// itemClass is what one bulk item's answer means.
+type itemClass uint8
+
+const (
+	classApplied itemClass = iota
+	classConflict
+	classMissingAlias
+	classRetry
+	classRejected
+)
+
+func classify(it *bulkItem) (itemClass, string) {
+	switch {
+	case it.Status >= 200 && it.Status < 300:
+		return classApplied, ""
+	case it.Status == 409:
+		return classConflict, it.Error.String()
+	case it.Status == 404 && it.Error != nil && it.Error.Type == "index_not_found_exception":
+		// require_alias: the write alias vanished after bootstrap.
+		return classMissingAlias, "write alias missing: " + it.Error.String()
+	case it.Status == 429 || it.Status >= 500 || it.Status == 408:
+		return classRetry, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
+	}
+	return classRejected, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
+}
+
+// conflictVersions reads the two versions out of a strict-external version
+// conflict reason: "[id]: version conflict, current version [5] is higher
+// or equal to the one provided [5]". ok is false when the text has another
+// shape; the caller then asks Elasticsearch for the stored version.
+func conflictVersions(reason string) (current, provided int64, ok bool) {
+	c, ok1 := bracketAfter(reason, "current version [")
+	p, ok2 := bracketAfter(reason, "provided [")
+	return c, p, ok1 && ok2
+}
+
+func bracketAfter(s, marker string) (int64, bool) {
+	i := strings.Index(s, marker)
+	if i < 0 {
+		return 0, false
+	}
+	s = s[i+len(marker):]
+	j := 0
+	for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+		j++
+	}
+	if j == 0 || j == len(s) || s[j] != ']' {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(s[:j], 10, 64)
+	return v, err == nil
+}
+
+// outcomeOf maps an event's final class to what the relay sees.
+func outcomeOf(c itemClass, reason string) relay.Outcome {
+	switch c {
+	case classApplied:
+		return relay.Outcome{Status: relay.Applied}
+	case classConflict:
+		return relay.Outcome{Status: relay.Stale}
+	case classRejected:
+		return relay.Outcome{Status: relay.Rejected, Reason: reason}
+	}
+	return relay.Outcome{Status: relay.Retry, Reason: reason}
+}

@@ -1,0 +1,68 @@
+// Package indexer is outboxd's Elasticsearch side: the Sink the relay
+// writes to, index bootstrap, tombstone purge, and the client.
+//
+// # Layout in Elasticsearch
+//
+// An event's index name N is a write alias pointing at one concrete index
+// N-000001 (is_write_index). N-read is a read alias over the same index,
+// filtered with ReadFilter so tombstones never show up. Searchers query
+// N-read. Callers that GET a document by id from N (or N-000001) must
+// treat a document with "outboxd_deleted": true as absent. Bootstrap
+// creates all three on first use and refuses, changing nothing, an N that
+// is a concrete index, an alias over several indices (versions are only
+// compared within one index, so rollover is not supported) or an N-read
+// with another filter.
+//
+// # Versions
+//
+// A document's _id is the event's source_id and its Elasticsearch version
+// the event's version (external versioning). An upsert indexes the event's
+// document as is; a delete at version V indexes the tombstone
+// {"outboxd_deleted":true,"outboxd_deleted_at":"<UTC time>"} at version V.
+// Elasticsearch keeps the version of a real delete only for
+// index.gc_deletes and only in memory; a tombstone is an ordinary document
+// and keeps its version forever, across restarts, so an older upsert can
+// never resurrect a deleted document. PurgeTombstones removes tombstones
+// older than a horizon, each only at its own version.
+//
+// The rule is "the event's version >= the stored one wins". The sink first
+// sends with version_type=external (strict >): a lower version comes back
+// 409 and is Stale; an equal version also comes back 409 and the sink
+// reads the stored document: same content means a replay or duplicate,
+// reported Stale with nothing written; different content under the same
+// version is re-sent with external_gte, so the later write wins. Replays
+// thus cost one extra _mget per replayed batch and never rewrite anything.
+//
+// # Outcomes
+//
+// Write returns one relay.Outcome per event: 200/201 Applied; version
+// conflicts Stale; 429, 408, 5xx, timeouts and connection errors of some
+// requests Retry; 400 (mapping and parse errors) and malformed events
+// Rejected with Elasticsearch's error type and reason (documents are never
+// echoed: include_source_on_error=false). A whole request answered 400 or
+// 413 is halved until the bad event stands alone, so one bad event never
+// rejects its neighbours. When no request reached Elasticsearch, or the
+// whole request was refused for 401/403/404 (credentials, proxy path),
+// Write returns an *UnavailableError and no outcomes: that is the sink's
+// fault, not the events', and the relay retries without counting attempts.
+// Within one Write, several events of one document are deduplicated: only
+// the highest version (the later one on a tie) is sent; the others get its
+// outcome, Applied becoming Stale, except that when it is Rejected they are
+// sent in their own right. The sink never loops: retrying is the relay's
+// job.
+//
+// # Why not esutil.BulkIndexer
+//
+// BulkIndexer suits fire-and-forget loading, not a sink that must answer
+// per event and synchronously: it reports 404 and 409 items through
+// OnFailure like real failures, never retries items, buffers across calls
+// so a Write could not return its outcomes without flushing everything,
+// and its transport retries whole requests (re-sending items that already
+// succeeded). The sink's own loop on esapi.BulkRequest builds the ndjson
+// body by appending to pooled buffers (no encoding/json per event), asks
+// only for items.*.status and errors through filter_path, recognizes a
+// fully successful answer without decoding it, sends with require_alias
+// so a vanished alias never auto-creates a concrete index named N, and
+// runs Options.Workers requests at once; Write returns when all are done,
+// which is the back-pressure the relay needs.
+package indexer

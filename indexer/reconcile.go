@@ -1,0 +1,373 @@
+package indexer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+
+	"github.com/elastic/go-elasticsearch/v8"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/relay"
+)
+
+// Drift kinds reported by Reconcile.
+const (
+	DriftMissing     = "missing"     // live in the source, not visible in the index
+	DriftStale       = "stale"       // visible at a lower version than the source's
+	DriftExtra       = "extra"       // visible in the index, no source row
+	DriftResurrected = "resurrected" // deleted in the source, visible in the index
+	DriftDuplicate   = "duplicate"   // several live documents for one source_id
+	DriftAhead       = "ahead"       // visible at a higher version than the source's (reported, not fixed)
+)
+
+// ReconcileOptions configures Reconcile.
+type ReconcileOptions struct {
+	ES *elasticsearch.Client
+	DB *pgxpool.Pool
+	// Schema is the outbox schema fixes are appended to.
+	Schema string
+	// Index is the write alias N: the index_name of the fix events. Every
+	// concrete index behind it is scanned, tombstones included.
+	Index string
+	// SourceSQL returns the database's truth, one row per source:
+	// source_id (text), version (integer), document (json/jsonb/text),
+	// and optionally a fourth boolean column "deleted". A row whose
+	// document is NULL, or whose deleted column is true, means "deleted in
+	// the source at this version". Sources absent from the result are not
+	// in the source at all.
+	SourceSQL string
+	// Apply appends fix events to the outbox (see Reconcile).
+	Apply bool
+	// Sample is the number of samples kept per kind; 0 means 10.
+	Sample int
+	// Operator is recorded in <schema>.audit_log for applied fixes.
+	Operator string
+	// Batch is the number of fix events per transaction; 0 means 500.
+	Batch    int
+	Progress *Progress
+	Logger   *slog.Logger
+}
+
+// DriftSample is one example of a drift.
+type DriftSample struct {
+	Kind          string `json:"kind"`
+	SourceID      string `json:"source_id"`
+	SourceVersion int64  `json:"source_version,omitempty"`
+	IndexVersion  int64  `json:"index_version,omitempty"`
+	LiveDocs      int    `json:"live_docs,omitempty"`
+	Fix           string `json:"fix"`
+}
+
+// ReconcileReport is the outcome of Reconcile.
+type ReconcileReport struct {
+	Index      string   `json:"index"`
+	Indices    []string `json:"indices"`
+	IndexDocs  int64    `json:"index_docs"`
+	IndexKeys  int64    `json:"index_keys"`
+	SourceRows int64    `json:"source_rows"`
+	// Counts per drift kind (every kind is present, zero or not).
+	Counts  map[string]int64         `json:"counts"`
+	Samples map[string][]DriftSample `json:"samples"`
+	// NeedsRepair counts drifts an outbox event cannot fix because the
+	// visible copy is not at _id = source_id in the write index; run
+	// `outboxd repair` first.
+	NeedsRepair int64 `json:"needs_repair"`
+	Applied     bool  `json:"applied"`
+	Events      int64 `json:"events"` // fix events appended (or that --apply would append)
+}
+
+// Drifted reports whether any drift was found.
+func (r *ReconcileReport) Drifted() bool {
+	for _, n := range r.Counts {
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// reconState is what Reconcile keeps per source_id of the index: a few
+// numbers, never a source.
+type reconState struct {
+	canonVersion int64 // _version at (write index, _id = source_id); 0 if none
+	canonLive    bool
+	canonTomb    bool
+	maxLive      int64 // highest ranked version among live copies
+	live         int32
+	liveOff      int32 // live copies elsewhere (random _id, older index)
+	seen         bool
+}
+
+// Reconcile compares the database's truth (SourceSQL) with every document
+// behind Index and reports missing, stale, extra, resurrected, duplicate
+// and ahead documents, with counts and samples.
+//
+// The index is scanned first into per-source_id state (a few integers per
+// key), then the SQL result is streamed against it, so memory grows with
+// the number of keys, not documents' size. A row written while Reconcile
+// runs may show up as missing or stale; the fix is then a harmless
+// duplicate event that the version gate absorbs.
+//
+// With Apply, each fixable drift becomes an outbox event, appended in
+// batches of Batch in one transaction each, so fixes take the same
+// versioned path as every other write:
+//
+//   - missing, stale: upsert of the source's document at
+//     max(source version, _version at _id = source_id). Equal wins under
+//     external_gte, so the event overwrites a tombstone or copy at the same
+//     version, and never loses to what the index holds.
+//   - resurrected: delete at max(source version, _version + 1).
+//   - extra: delete at _version + 1: there is no source version, and it
+//     must be strictly newer than the copy it hides.
+//
+// The outbox's versions counter is raised to each fix's version in the
+// same transaction, so a later auto-versioned event of that source still
+// wins. Duplicates, ahead documents and drifts whose visible copy is not
+// at _id = source_id in the write index are reported, not fixed: an event
+// only ever addresses _id = source_id; `outboxd repair` handles the rest.
+func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, error) {
+	switch {
+	case opts.ES == nil:
+		return nil, fmt.Errorf("indexer: reconcile: es: no Elasticsearch client")
+	case opts.DB == nil:
+		return nil, fmt.Errorf("indexer: reconcile: db: no PostgreSQL pool")
+	case opts.Index == "":
+		return nil, fmt.Errorf("indexer: reconcile: index: must not be empty")
+	case strings.TrimSpace(opts.SourceSQL) == "":
+		return nil, fmt.Errorf("indexer: reconcile: source_sql: must not be empty")
+	}
+	if opts.Sample <= 0 {
+		opts.Sample = 10
+	}
+	if opts.Batch <= 0 {
+		opts.Batch = 500
+	}
+	if opts.Operator == "" {
+		opts.Operator = "outboxd reconcile"
+	}
+	log := repairLogger(opts.Logger)
+	ob, err := relay.NewOutbox(opts.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("indexer: reconcile: %w", err)
+	}
+	indices, writeIndex, err := repairResolve(ctx, opts.ES, opts.Index)
+	if err != nil {
+		return nil, err
+	}
+	rep := &ReconcileReport{Index: opts.Index, Indices: indices, Counts: map[string]int64{}, Samples: map[string][]DriftSample{}, Applied: opts.Apply}
+	for _, k := range []string{DriftMissing, DriftStale, DriftExtra, DriftResurrected, DriftDuplicate, DriftAhead} {
+		rep.Counts[k] = 0
+	}
+
+	if n, err := scanCount(ctx, opts.ES, indices); err == nil {
+		opts.Progress.SetTotal(n)
+	}
+	states := map[string]reconState{}
+	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: repairSourceFields(nil, "version", ""), Progress: opts.Progress}, func(h ScanHit) error {
+		rep.IndexDocs++
+		sid, d, _, err := repairKeyOf(h, []string{"source_id"}, "version", "")
+		if err != nil {
+			return err
+		}
+		st := states[sid]
+		canonical := d.Index == writeIndex && d.ID == sid
+		if canonical {
+			st.canonVersion = d.ESVersion
+			st.canonLive = !d.Tombstone
+			st.canonTomb = d.Tombstone
+		}
+		if !d.Tombstone {
+			st.live++
+			if !canonical {
+				st.liveOff++
+			}
+			if d.Version > st.maxLive {
+				st.maxLive = d.Version
+			}
+		}
+		states[sid] = st
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("indexer: reconcile: %w", err)
+	}
+	rep.IndexKeys = int64(len(states))
+
+	fx := &reconFixer{opts: opts, ob: ob, rep: rep}
+	note := func(kind, sid string, srcV int64, st reconState, fix string) {
+		rep.Counts[kind]++
+		if len(rep.Samples[kind]) < opts.Sample {
+			rep.Samples[kind] = append(rep.Samples[kind], DriftSample{Kind: kind, SourceID: sid, SourceVersion: srcV, IndexVersion: st.maxLive, LiveDocs: int(st.live), Fix: fix})
+		}
+	}
+
+	rows, err := opts.DB.Query(ctx, opts.SourceSQL)
+	if err != nil {
+		return nil, fmt.Errorf("indexer: reconcile: source_sql: %w", err)
+	}
+	defer rows.Close()
+	cols := len(rows.FieldDescriptions())
+	if cols != 3 && cols != 4 {
+		return nil, fmt.Errorf("indexer: reconcile: source_sql: returns %d columns; want source_id, version, document[, deleted]", cols)
+	}
+	for rows.Next() {
+		var (
+			sid     string
+			ver     *int64
+			doc     []byte
+			deleted *bool
+		)
+		dest := []any{&sid, &ver, &doc}
+		if cols == 4 {
+			dest = append(dest, &deleted)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("indexer: reconcile: source_sql row %d: %w", rep.SourceRows+1, err)
+		}
+		rep.SourceRows++
+		if ver == nil {
+			return nil, fmt.Errorf("indexer: reconcile: source_sql row %d (source_id %q): version: is NULL", rep.SourceRows, sid)
+		}
+		v := *ver
+		st, inIndex := states[sid]
+		if inIndex {
+			st.seen = true
+			states[sid] = st
+		}
+		gone := doc == nil || string(doc) == "null" || (deleted != nil && *deleted)
+		if gone {
+			if st.live > 0 {
+				if st.liveOff > 0 {
+					note(DriftResurrected, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
+					rep.NeedsRepair++
+				} else {
+					at := max(v, st.canonVersion+1)
+					note(DriftResurrected, sid, v, st, fmt.Sprintf("delete at version %d", at))
+					if err := fx.add(ctx, relay.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: relay.OpDelete}); err != nil {
+						return nil, err
+					}
+				}
+			}
+			continue
+		}
+		if st.live > 1 {
+			note(DriftDuplicate, sid, v, st, "needs repair: outboxd repair --key source_id")
+		}
+		var kind string
+		switch {
+		case st.live == 0:
+			kind = DriftMissing
+		case st.maxLive < v:
+			kind = DriftStale
+		case st.maxLive > v:
+			note(DriftAhead, sid, v, st, "none: the index is newer than the source; check the source")
+			continue
+		default:
+			continue
+		}
+		if st.liveOff > 0 {
+			note(kind, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
+			rep.NeedsRepair++
+			continue
+		}
+		at := max(v, st.canonVersion)
+		note(kind, sid, v, st, fmt.Sprintf("upsert at version %d", at))
+		if err := fx.add(ctx, relay.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: relay.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
+			return nil, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("indexer: reconcile: source_sql: %w", err)
+	}
+	rows.Close()
+
+	// Whatever the source did not mention and is still visible is extra.
+	// Sorted, so samples and events are deterministic.
+	var extra []string
+	for sid, st := range states {
+		if !st.seen && st.live > 0 {
+			extra = append(extra, sid)
+		}
+	}
+	sort.Strings(extra)
+	for _, sid := range extra {
+		st := states[sid]
+		if st.liveOff > 0 {
+			note(DriftExtra, sid, 0, st, "needs repair: a visible copy is not at _id = source_id")
+			rep.NeedsRepair++
+			continue
+		}
+		at := st.canonVersion + 1
+		note(DriftExtra, sid, 0, st, fmt.Sprintf("delete at version %d", at))
+		if err := fx.add(ctx, relay.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: relay.OpDelete}); err != nil {
+			return nil, err
+		}
+	}
+	if err := fx.flush(ctx); err != nil {
+		return nil, err
+	}
+	log.Info("reconcile finished", "index", opts.Index, "index_docs", rep.IndexDocs, "source_rows", rep.SourceRows,
+		"missing", rep.Counts[DriftMissing], "stale", rep.Counts[DriftStale], "extra", rep.Counts[DriftExtra],
+		"resurrected", rep.Counts[DriftResurrected], "duplicate", rep.Counts[DriftDuplicate], "ahead", rep.Counts[DriftAhead],
+		"needs_repair", rep.NeedsRepair, "applied", opts.Apply, "events", rep.Events)
+	return rep, nil
+}
+
+// reconFixer batches fix events into outbox transactions (or only counts
+// them on a dry run).
+type reconFixer struct {
+	opts    ReconcileOptions
+	ob      *relay.Outbox
+	rep     *ReconcileReport
+	pending []relay.Event
+}
+
+func (f *reconFixer) add(ctx context.Context, e relay.Event) error {
+	e.EventType = "outboxd.reconcile"
+	f.rep.Events++
+	if !f.opts.Apply {
+		return nil
+	}
+	f.pending = append(f.pending, e)
+	if len(f.pending) >= f.opts.Batch {
+		return f.flush(ctx)
+	}
+	return nil
+}
+
+func (f *reconFixer) flush(ctx context.Context) error {
+	if len(f.pending) == 0 {
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, f.opts.DB, func(tx pgx.Tx) error {
+		if _, err := f.ob.AppendBatch(ctx, tx, f.pending); err != nil {
+			return err
+		}
+		idx := make([]string, len(f.pending))
+		sids := make([]string, len(f.pending))
+		vers := make([]int64, len(f.pending))
+		for i, e := range f.pending {
+			idx[i], sids[i], vers[i] = e.IndexName, e.SourceID, e.Version
+		}
+		s := f.ob.Schema()
+		_, err := tx.Exec(ctx, `INSERT INTO `+s+`.versions AS v (index_name, source_id, version)
+			SELECT i, s, max(n) FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(i, s, n) GROUP BY i, s
+			ON CONFLICT (index_name, source_id) DO UPDATE SET version = greatest(v.version, excluded.version)`, idx, sids, vers)
+		if err != nil {
+			return fmt.Errorf("raise versions: %w", err)
+		}
+		detail, _ := json.Marshal(map[string]any{"index": f.opts.Index, "events": len(f.pending), "source_ids": sids})
+		_, err = tx.Exec(ctx, `INSERT INTO `+s+`.audit_log (operator, action, detail) VALUES ($1, 'reconcile.apply', $2)`, f.opts.Operator, detail)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("indexer: reconcile: apply: %w", err)
+	}
+	f.pending = f.pending[:0]
+	return nil
+}

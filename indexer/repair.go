@@ -1,0 +1,357 @@
+package indexer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+
+	"github.com/elastic/go-elasticsearch/v8"
+	"github.com/elastic/go-elasticsearch/v8/esapi"
+)
+
+// RepairOptions says what PlanRepair scans and how it groups.
+type RepairOptions struct {
+	// Index is the write alias N (its concrete indices are all scanned) or
+	// a concrete index. A filtered alias (such as N-read) is refused: it
+	// hides tombstones and has no write index.
+	Index string
+	// Key is the grouping key: ["source_id"] (the default: the source_id
+	// field, else _id), ["canonical_url"], or several fields forming a
+	// business key. See ParseRepairKey.
+	Key []string
+	// VersionField is the source field holding the business version;
+	// "" means "version". Documents without it rank by _version.
+	VersionField string
+	// UpdatedField breaks version ties; "" means "updated_at".
+	UpdatedField string
+	// PageSize of the scan; 0 means 1000.
+	PageSize int
+	// Progress, if set, counts scanned documents.
+	Progress *Progress
+}
+
+// RepairGroup is one key's planned repair.
+type RepairGroup struct {
+	Key    string      `json:"key"`
+	Keeper RepairDoc   `json:"keeper"`
+	Remove []RepairDoc `json:"remove,omitempty"` // deleted conditionally on _seq_no/_primary_term
+	// Deleted: the keeper is a tombstone; the key stays deleted.
+	Deleted bool `json:"deleted,omitempty"`
+	// Rewrite: the keeper is written to (write index, TargetID) at its
+	// Version with version_type=external_gte, because it is not there yet.
+	Rewrite  bool   `json:"rewrite,omitempty"`
+	TargetID string `json:"target_id"`
+	// Overwrites is the group's document at the target that the rewrite
+	// replaces (backed up, not deleted); nil when the rewrite creates it.
+	Overwrites *RepairDoc `json:"overwrites,omitempty"`
+	Reason     string     `json:"reason"`
+	// Conflict, when set, is why the group is left alone (e.g. its target
+	// _id holds a document of another key).
+	Conflict string `json:"conflict,omitempty"`
+}
+
+// RepairPlan is the outcome of a scan: what Apply would do. Only groups
+// that need work are kept.
+type RepairPlan struct {
+	Index        string        `json:"index"`
+	WriteAlias   string        `json:"write_alias"`
+	WriteIndex   string        `json:"write_index"`
+	Indices      []string      `json:"indices"`
+	Key          []string      `json:"key"`
+	UpdatedField string        `json:"updated_field"`
+	Scanned      int64         `json:"scanned"`
+	Keys         int64         `json:"keys"`
+	Ungroupable  int64         `json:"ungroupable"` // documents missing the key: left alone
+	Groups       []RepairGroup `json:"groups"`
+}
+
+// RepairSummary counts a plan.
+type RepairSummary struct {
+	Scanned     int64 `json:"scanned"`
+	Keys        int64 `json:"keys"`
+	Ungroupable int64 `json:"ungroupable"`
+	Groups      int   `json:"groups"`     // groups needing work
+	Duplicated  int   `json:"duplicated"` // groups with more than one document
+	Remove      int   `json:"remove"`
+	Rewrite     int   `json:"rewrite"`
+	Create      int   `json:"create"`
+	Deleted     int   `json:"stays_deleted"`
+	Conflicts   int   `json:"conflicts"`
+}
+
+// Summary counts the plan.
+func (p *RepairPlan) Summary() RepairSummary {
+	s := RepairSummary{Scanned: p.Scanned, Keys: p.Keys, Ungroupable: p.Ungroupable, Groups: len(p.Groups)}
+	for _, g := range p.Groups {
+		if g.Conflict != "" {
+			s.Conflicts++
+			continue
+		}
+		n := len(g.Remove) + 1
+		if g.Overwrites != nil {
+			n++
+		}
+		if n > 1 {
+			s.Duplicated++
+		}
+		s.Remove += len(g.Remove)
+		if g.Rewrite {
+			s.Rewrite++
+			if g.Overwrites == nil {
+				s.Create++
+			}
+		}
+		if g.Deleted {
+			s.Deleted++
+		}
+	}
+	return s
+}
+
+// WriteText prints the plan for an operator: one block per group with the
+// keeper and why it won, then the summary.
+func (p *RepairPlan) WriteText(w io.Writer) error {
+	bw := &repairErrWriter{w: w}
+	for _, g := range p.Groups {
+		fmt.Fprintf(bw, "group %q\n", g.Key)
+		if g.Conflict != "" {
+			fmt.Fprintf(bw, "  SKIP: %s\n", g.Conflict)
+		}
+		what := "keep"
+		if g.Deleted {
+			what = "keep tombstone"
+		}
+		fmt.Fprintf(bw, "  %s %s/%s (version %d, _version %d): %s\n", what, g.Keeper.Index, g.Keeper.ID, g.Keeper.Version, g.Keeper.ESVersion, g.Reason)
+		if g.Rewrite {
+			if g.Overwrites != nil {
+				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d, replacing _version %d\n", p.WriteIndex, g.TargetID, g.Keeper.Version, g.Overwrites.ESVersion)
+			} else {
+				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d (new _id)\n", p.WriteIndex, g.TargetID, g.Keeper.Version)
+			}
+		}
+		for _, d := range g.Remove {
+			kind := ""
+			if d.Tombstone {
+				kind = " tombstone"
+			}
+			fmt.Fprintf(bw, "  remove%s %s/%s (version %d, _seq_no %d)\n", kind, d.Index, d.ID, d.Version, d.SeqNo)
+		}
+	}
+	s := p.Summary()
+	fmt.Fprintf(bw, "summary: index %s (%s), key %s: scanned %d documents, %d keys, %d without key (left alone); %d groups to repair (%d with duplicates, %d stay deleted, %d conflicts skipped): remove %d documents, rewrite %d keepers (%d new _ids)\n",
+		p.Index, strings.Join(p.Indices, ","), strings.Join(p.Key, ","), s.Scanned, s.Keys, s.Ungroupable, s.Groups, s.Duplicated, s.Deleted, s.Conflicts, s.Remove, s.Rewrite, s.Create)
+	return bw.err
+}
+
+type repairErrWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *repairErrWriter) Write(b []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(b)
+	e.err = err
+	return n, err
+}
+
+// PlanRepair scans every concrete index behind opts.Index and plans the
+// repair. It changes nothing.
+//
+// Memory: per document only a RepairDoc (coordinates, version, updated-at)
+// is kept while grouping; groups that need no work are dropped when the
+// scan ends. Sources are never held.
+//
+// A group needs work when it holds more than one document, or when its
+// only document is not at _id = source_id in the write index (a legacy
+// random _id, or a copy left in an older index): a later outbox event
+// would otherwise create a second copy beside it.
+func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOptions) (*RepairPlan, error) {
+	if opts.Index == "" {
+		return nil, fmt.Errorf("indexer: repair: index: must not be empty")
+	}
+	if len(opts.Key) == 0 {
+		opts.Key = []string{"source_id"}
+	}
+	if opts.VersionField == "" {
+		opts.VersionField = "version"
+	}
+	if opts.UpdatedField == "" {
+		opts.UpdatedField = "updated_at"
+	}
+	indices, writeIndex, err := repairResolve(ctx, es, opts.Index)
+	if err != nil {
+		return nil, err
+	}
+	plan := &RepairPlan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField}
+	if n, err := scanCount(ctx, es, indices); err == nil {
+		opts.Progress.SetTotal(n)
+	}
+
+	groups := make(map[string][]RepairDoc)
+	intern := map[string]string{}
+	err = Scan(ctx, es, ScanOptions{
+		Indices:        indices,
+		SourceIncludes: repairSourceFields(opts.Key, opts.VersionField, opts.UpdatedField),
+		PageSize:       opts.PageSize,
+		Progress:       opts.Progress,
+	}, func(h ScanHit) error {
+		plan.Scanned++
+		k, d, ok, err := repairKeyOf(h, opts.Key, opts.VersionField, opts.UpdatedField)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			plan.Ungroupable++
+			return nil
+		}
+		// Few distinct index names and usually source_id == _id: share
+		// the strings instead of holding a copy per document.
+		if s, ok := intern[d.Index]; ok {
+			d.Index = s
+		} else {
+			intern[d.Index] = d.Index
+		}
+		if d.SourceID == d.ID {
+			d.SourceID = d.ID
+		}
+		if k == d.SourceID {
+			k = d.SourceID
+		}
+		groups[k] = append(groups[k], d)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	plan.Keys = int64(len(groups))
+
+	targets := map[string]int{} // target _id -> group index, for conflict checks
+	for k, docs := range groups {
+		g, needed := repairPlanGroup(k, docs, writeIndex, opts.UpdatedField)
+		if !needed {
+			continue
+		}
+		if g.Rewrite {
+			if other, dup := targets[g.TargetID]; dup {
+				reason := fmt.Sprintf("target _id %q is also the target of group %q", g.TargetID, plan.Groups[other].Key)
+				g.Conflict = reason
+				if plan.Groups[other].Conflict == "" {
+					plan.Groups[other].Conflict = fmt.Sprintf("target _id %q is also the target of group %q", g.TargetID, k)
+				}
+			} else {
+				targets[g.TargetID] = len(plan.Groups)
+			}
+		}
+		plan.Groups = append(plan.Groups, g)
+	}
+	// A rewrite must not overwrite a document that belongs to another key
+	// (possible with canonical_url or business keys: one source_id, two
+	// URLs). One pass over the grouped documents finds them.
+	if len(targets) > 0 {
+		for k, docs := range groups {
+			for _, d := range docs {
+				if d.Index != writeIndex {
+					continue
+				}
+				if gi, hit := targets[d.ID]; hit && plan.Groups[gi].Key != k && plan.Groups[gi].Conflict == "" {
+					plan.Groups[gi].Conflict = fmt.Sprintf("target %s/%s holds a document of another key (%q); repair by source_id first", writeIndex, d.ID, k)
+				}
+			}
+		}
+	}
+	sort.Slice(plan.Groups, func(i, j int) bool { return plan.Groups[i].Key < plan.Groups[j].Key })
+	return plan, nil
+}
+
+// repairPlanGroup decides one group; needed is false when it is already
+// one document at its canonical place.
+func repairPlanGroup(key string, docs []RepairDoc, writeIndex, updatedField string) (RepairGroup, bool) {
+	keeper, others, deleted, reason := chooseRepairKeeper(docs, writeIndex, updatedField)
+	g := RepairGroup{Key: key, Keeper: keeper, Deleted: deleted, Reason: reason, TargetID: keeper.SourceID}
+	inPlace := keeper.Index == writeIndex && keeper.ID == keeper.SourceID
+	if !inPlace {
+		g.Rewrite = true
+		// The keeper moves; its old copy goes with the others.
+		others = append(others, keeper)
+	}
+	for _, d := range others {
+		if g.Rewrite && d.Index == writeIndex && d.ID == g.TargetID && !(d.Index == keeper.Index && d.ID == keeper.ID) {
+			d := d
+			g.Overwrites = &d
+			continue
+		}
+		g.Remove = append(g.Remove, d)
+	}
+	if len(g.Remove) == 0 && !g.Rewrite {
+		return g, false
+	}
+	if len(docs) == 1 {
+		g.Reason = "single document not at _id = source_id in the write index; moved there"
+	}
+	if g.Overwrites != nil && g.Overwrites.ESVersion > keeper.Version {
+		// external_gte would refuse the rewrite (typical of legacy internal
+		// versions); forcing a higher version would make later outbox
+		// events stale, so the operator decides.
+		g.Conflict = fmt.Sprintf("target %s/%s holds _version %d, above the keeper's version %d", writeIndex, g.TargetID, g.Overwrites.ESVersion, keeper.Version)
+	}
+	return g, true
+}
+
+// repairResolve returns the concrete indices behind name and the write
+// index. A concrete index is its own write index.
+func repairResolve(ctx context.Context, es *elasticsearch.Client, name string) ([]string, string, error) {
+	var aliases map[string]struct {
+		Aliases map[string]struct {
+			IsWriteIndex *bool         `json:"is_write_index"`
+			Filter       map[string]any `json:"filter"`
+		} `json:"aliases"`
+	}
+	err := scanDo(ctx, es, esapi.IndicesGetAliasRequest{Name: []string{name}}, &aliases)
+	if err != nil && !scanIsStatus(err, 404) {
+		return nil, "", fmt.Errorf("indexer: index %q: get alias: %w", name, err)
+	}
+	if err == nil && len(aliases) > 0 {
+		var indices []string
+		write := ""
+		for idx, a := range aliases {
+			al := a.Aliases[name]
+			if len(al.Filter) > 0 {
+				return nil, "", fmt.Errorf("indexer: index: %q is a filtered alias (a read alias hides tombstones); pass the write alias or a concrete index", name)
+			}
+			indices = append(indices, idx)
+			if al.IsWriteIndex != nil && *al.IsWriteIndex {
+				write = idx
+			}
+		}
+		sort.Strings(indices)
+		if write == "" && len(indices) == 1 {
+			write = indices[0]
+		}
+		if write == "" {
+			return nil, "", fmt.Errorf("indexer: index: alias %q points at %d indices and none is the write index", name, len(indices))
+		}
+		return indices, write, nil
+	}
+	err = scanDo(ctx, es, esapi.IndicesExistsRequest{Index: []string{name}}, nil)
+	if scanIsStatus(err, 404) {
+		return nil, "", fmt.Errorf("indexer: index: %q is neither an alias nor an index", name)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("indexer: index %q: %w", name, err)
+	}
+	return []string{name}, name, nil
+}
+
+// repairLogger is the package's fallback logger for repair and reconcile.
+func repairLogger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.Default()
+	}
+	return l
+}

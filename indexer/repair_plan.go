@@ -1,0 +1,256 @@
+package indexer
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RepairDoc is what repair remembers about one scanned document: its
+// coordinates and the few values it ranks by, never its source, so a plan
+// over millions of documents stays small. Sources are re-fetched by id for
+// the backup and the apply step.
+type RepairDoc struct {
+	Index       string `json:"index"`
+	ID          string `json:"id"`
+	ESVersion   int64  `json:"es_version"` // _version
+	SeqNo       int64  `json:"seq_no"`
+	PrimaryTerm int64  `json:"primary_term"`
+	// Version is what the keeper is ranked by: the source's version field
+	// when it holds an integer, else _version. Legacy writers used internal
+	// versioning, whose _version counts writes (1, 2, ...), not business
+	// versions, so the field wins when present; documents written by
+	// outboxd carry the business version as _version.
+	Version   int64  `json:"version"`
+	SourceID  string `json:"source_id"` // the source_id field, else _id: where the document belongs
+	Updated   string `json:"updated,omitempty"`
+	Tombstone bool   `json:"tombstone,omitempty"`
+}
+
+// repairKeyOf extracts the grouping key and the ranking values from a hit
+// whose source was limited to the fields repair asked for. ok is false
+// when the key is missing: such documents cannot be grouped and are left
+// alone (counted as ungroupable).
+func repairKeyOf(h ScanHit, key []string, versionField, updatedField string) (k string, d RepairDoc, ok bool, err error) {
+	var src map[string]any
+	if len(h.Source) > 0 {
+		dec := json.NewDecoder(strings.NewReader(string(h.Source)))
+		dec.UseNumber()
+		if err := dec.Decode(&src); err != nil {
+			return "", d, false, fmt.Errorf("document %s/%s: _source: %w", h.Index, h.ID, err)
+		}
+	}
+	d = RepairDoc{Index: h.Index, ID: h.ID, ESVersion: h.Version, SeqNo: h.SeqNo, PrimaryTerm: h.PrimaryTerm, Version: h.Version}
+	if b, _ := repairField(src, "outboxd_deleted").(bool); b {
+		d.Tombstone = true
+	}
+	d.SourceID = h.ID
+	if s := repairScalar(repairField(src, "source_id")); s != "" {
+		d.SourceID = s
+	}
+	if versionField != "" {
+		if n, isNum := repairField(src, versionField).(json.Number); isNum {
+			if v, err := n.Int64(); err == nil {
+				d.Version = v
+			}
+		}
+	}
+	if updatedField != "" {
+		d.Updated = repairScalar(repairField(src, updatedField))
+	}
+	parts := make([]string, len(key))
+	for i, f := range key {
+		var v string
+		if f == "source_id" {
+			v = d.SourceID // documents written by outboxd have _id = source_id and may lack the field
+		} else {
+			v = repairScalar(repairField(src, f))
+		}
+		if v == "" {
+			return "", d, false, nil
+		}
+		parts[i] = v
+	}
+	if len(parts) == 1 {
+		return parts[0], d, true, nil
+	}
+	b, _ := json.Marshal(parts)
+	return string(b), d, true, nil
+}
+
+// repairField walks a dotted path, accepting both nested objects and
+// literal dotted keys.
+func repairField(src map[string]any, path string) any {
+	if src == nil {
+		return nil
+	}
+	if v, ok := src[path]; ok {
+		return v
+	}
+	head, rest, found := strings.Cut(path, ".")
+	if !found {
+		return nil
+	}
+	m, _ := src[head].(map[string]any)
+	return repairField(m, rest)
+}
+
+func repairScalar(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case json.Number:
+		return x.String()
+	case bool:
+		return strconv.FormatBool(x)
+	}
+	return ""
+}
+
+// repairSourceFields is the _source filter for the scan.
+func repairSourceFields(key []string, versionField, updatedField string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, f := range append([]string{"source_id", "outboxd_deleted", versionField, updatedField}, key...) {
+		if f != "" && !seen[f] {
+			seen[f] = true
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ParseRepairKey parses --key: source_id, canonical_url, or a
+// comma-separated list of fields forming a business key.
+func ParseRepairKey(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return []string{"source_id"}, nil
+	}
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			return nil, fmt.Errorf("key: %q has an empty field name", s)
+		}
+		if strings.HasPrefix(f, "_") {
+			return nil, fmt.Errorf("key: %q is a metadata field; use source_id for _id-based grouping", f)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// repairUpdatedLess compares updated-at values: as RFC 3339 times when
+// both parse, as integers (epoch) when both are, else as strings. An empty
+// value is older than any value.
+func repairUpdatedLess(a, b string) bool {
+	if a == "" || b == "" {
+		return a == "" && b != ""
+	}
+	if ta, err := time.Parse(time.RFC3339Nano, a); err == nil {
+		if tb, err := time.Parse(time.RFC3339Nano, b); err == nil {
+			return ta.Before(tb)
+		}
+	}
+	if na, err := strconv.ParseFloat(a, 64); err == nil {
+		if nb, err := strconv.ParseFloat(b, 64); err == nil {
+			return na < nb
+		}
+	}
+	return a < b
+}
+
+// repairRank orders the documents of one group best first and says why
+// the first one is best. The rules, in order:
+//
+//  1. higher Version;
+//  2. newer updated-at value;
+//  3. a document already at _id = source_id beats one at a random _id;
+//  4. a document in the write index beats one in an older index;
+//  5. smaller index name, then smaller _id (only so the choice is
+//     deterministic).
+//
+// Tombstones and live documents are ranked separately by chooseRepairKeeper.
+func repairRank(docs []RepairDoc, writeIndex, updatedField string) string {
+	sort.SliceStable(docs, func(i, j int) bool {
+		a, b := docs[i], docs[j]
+		if a.Version != b.Version {
+			return a.Version > b.Version
+		}
+		if a.Updated != b.Updated {
+			return repairUpdatedLess(b.Updated, a.Updated)
+		}
+		if ac, bc := a.ID == a.SourceID, b.ID == b.SourceID; ac != bc {
+			return ac
+		}
+		if aw, bw := a.Index == writeIndex, b.Index == writeIndex; aw != bw {
+			return aw
+		}
+		if a.Index != b.Index {
+			return a.Index < b.Index
+		}
+		return a.ID < b.ID
+	})
+	if len(docs) < 2 {
+		return "only candidate"
+	}
+	a, b := docs[0], docs[1]
+	switch {
+	case a.Version != b.Version:
+		return fmt.Sprintf("highest version %d (next %d)", a.Version, b.Version)
+	case a.Updated != b.Updated:
+		return fmt.Sprintf("version tie at %d; newest %s %s (next %q)", a.Version, updatedField, a.Updated, b.Updated)
+	case (a.ID == a.SourceID) != (b.ID == b.SourceID):
+		return fmt.Sprintf("version and %s tie; _id equals source_id", updatedField)
+	case (a.Index == writeIndex) != (b.Index == writeIndex):
+		return fmt.Sprintf("version and %s tie; already in the write index", updatedField)
+	default:
+		return fmt.Sprintf("full tie at version %d; first by index and _id", a.Version)
+	}
+}
+
+// chooseRepairKeeper picks the keeper of a group: it returns the keeper,
+// the others, whether the outcome is "stays deleted", and the reason.
+//
+// Live documents are ranked among themselves, tombstones among
+// themselves. A tombstone is an "invalid" document and never wins over a
+// live one by the ordinary rules, with one exception that matters: when
+// the newest tombstone's version is at least the newest live version, the
+// source was deleted after (or at the same version as) every live copy was
+// written. Keeping a live copy would be a resurrection, exactly what the
+// versioned pipeline exists to prevent, so the tombstone is the keeper
+// and the key stays deleted. A tie goes to the tombstone for the same
+// reason; the backup can undo a wrong delete, while a resurrection is
+// served to searchers at once.
+func chooseRepairKeeper(docs []RepairDoc, writeIndex, updatedField string) (keeper RepairDoc, others []RepairDoc, deleted bool, reason string) {
+	var live, dead []RepairDoc
+	for _, d := range docs {
+		if d.Tombstone {
+			dead = append(dead, d)
+		} else {
+			live = append(live, d)
+		}
+	}
+	liveWhy := repairRank(live, writeIndex, updatedField)
+	deadWhy := repairRank(dead, writeIndex, updatedField)
+	switch {
+	case len(live) == 0:
+		keeper, others = dead[0], dead[1:]
+		return keeper, others, true, "only tombstones; the newest is kept (" + deadWhy + ")"
+	case len(dead) > 0 && dead[0].Version >= live[0].Version:
+		keeper = dead[0]
+		others = append(append(others, dead[1:]...), live...)
+		return keeper, others, true, fmt.Sprintf("tombstone at version %d is at least as new as the newest live copy (version %d): the key stays deleted", dead[0].Version, live[0].Version)
+	default:
+		keeper = live[0]
+		others = append(append(others, live[1:]...), dead...)
+		why := liveWhy
+		if len(dead) > 0 {
+			why += fmt.Sprintf("; newer than the tombstone at version %d", dead[0].Version)
+		}
+		return keeper, others, false, why
+	}
+}

@@ -1,0 +1,439 @@
+package indexer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/elastic/go-elasticsearch/v8"
+	"github.com/elastic/go-elasticsearch/v8/esapi"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/relay"
+)
+
+// Options configure a Sink.
+type Options struct {
+	Client        *elasticsearch.Client
+	MaxBatchDocs  int                   // per bulk request, default 1000
+	MaxBatchBytes int                   // per bulk request, default 5 MiB
+	Workers       int                   // bulk requests in flight, default 4
+	IndexSpec     []byte                // optional {"settings":...,"mappings":...} for Bootstrap
+	Registerer    prometheus.Registerer // optional; outboxd_bulk_request_seconds{result}
+	Logger        *slog.Logger
+}
+
+// Sink writes relay events to Elasticsearch. It implements relay.Sink.
+type Sink struct {
+	es       *elasticsearch.Client
+	maxDocs  int
+	maxBytes int
+	workers  int
+	spec     []byte
+	logger   *slog.Logger
+	latency  *prometheus.HistogramVec
+
+	mu   sync.Mutex
+	boot map[string]*bootEntry
+}
+
+type bootEntry struct {
+	mu sync.Mutex
+	ok bool
+}
+
+var _ relay.Sink = (*Sink)(nil)
+
+// NewSink checks o and returns a Sink. It does not contact Elasticsearch:
+// indices are bootstrapped on first use.
+func NewSink(o Options) (*Sink, error) {
+	if o.Client == nil {
+		return nil, errors.New("indexer: client: is nil")
+	}
+	if o.MaxBatchDocs < 0 || o.MaxBatchBytes < 0 || o.Workers < 0 {
+		return nil, fmt.Errorf("indexer: max_batch_docs, max_batch_bytes, workers: must not be negative (got %d, %d, %d)", o.MaxBatchDocs, o.MaxBatchBytes, o.Workers)
+	}
+	spec, err := indexBody(o.IndexSpec)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sink{
+		es:       o.Client,
+		maxDocs:  orDefault(o.MaxBatchDocs, 1000),
+		maxBytes: orDefault(o.MaxBatchBytes, 5<<20),
+		workers:  orDefault(o.Workers, 4),
+		spec:     spec,
+		logger:   o.Logger,
+		boot:     make(map[string]*bootEntry),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "outboxd_bulk_request_seconds",
+			Help:    "Latency of bulk requests to Elasticsearch, by result (ok, item_errors, http_error, unreachable).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}, []string{"result"}),
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(s.latency); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, fmt.Errorf("indexer: registerer: %w", err)
+			}
+			s.latency = are.ExistingCollector.(*prometheus.HistogramVec)
+		}
+	}
+	return s, nil
+}
+
+func orDefault(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+// write is the state of one Write call.
+type write struct {
+	events    []relay.Event
+	out       []relay.Outcome
+	deletedAt string
+
+	mu        sync.Mutex
+	reached   bool  // some request got an answer from Elasticsearch
+	unreached error // the last request that did not
+	equal     []int // strict-external conflicts at the event's own version
+	missing   map[string]bool
+}
+
+func (w *write) answered() {
+	w.mu.Lock()
+	w.reached = true
+	w.mu.Unlock()
+}
+
+func (w *write) unreachable(err error) {
+	w.mu.Lock()
+	w.unreached = err
+	w.mu.Unlock()
+}
+
+// Write sends events as bulk requests, several in flight, and returns one
+// Outcome per event, in order. It returns an *UnavailableError, and no
+// outcomes, when no request reached Elasticsearch.
+func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
+	w := &write{
+		events:    events,
+		out:       make([]relay.Outcome, len(events)),
+		deletedAt: time.Now().UTC().Format("2006-01-02T15:04:05.000Z"),
+	}
+	pending := s.admit(ctx, w)
+	for len(pending) > 0 {
+		winners, winnerOf := dedupe(events, pending)
+		s.apply(ctx, w, winners)
+		var again []int
+		for _, p := range pending {
+			win := winnerOf(p)
+			if win == p {
+				continue
+			}
+			switch o := w.out[win]; o.Status {
+			case relay.Applied:
+				w.out[p] = relay.Outcome{Status: relay.Stale}
+			case relay.Rejected:
+				// The newer version will never land, so this one is not
+				// superseded: send it in its own right.
+				again = append(again, p)
+			default:
+				w.out[p] = o
+			}
+		}
+		pending = again
+	}
+	for name := range w.missing {
+		s.forget(name)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if !w.reached && w.unreached != nil {
+		return nil, &UnavailableError{Err: w.unreached}
+	}
+	return w.out, nil
+}
+
+// admit rejects malformed events, bootstraps every index name once and
+// returns the positions still to send.
+func (s *Sink) admit(ctx context.Context, w *write) []int {
+	pending := make([]int, 0, len(w.events))
+	var failed map[string]relay.Outcome
+	for i := range w.events {
+		e := &w.events[i]
+		if reason := checkEvent(e); reason != "" {
+			w.out[i] = relay.Outcome{Status: relay.Rejected, Reason: reason}
+			continue
+		}
+		if o, ok := failed[e.IndexName]; ok {
+			w.out[i] = o
+			continue
+		}
+		if err := s.ensure(ctx, e.IndexName); err != nil {
+			if failed == nil {
+				failed = make(map[string]relay.Outcome)
+			}
+			o := bootstrapOutcome(w, err)
+			failed[e.IndexName] = o
+			w.out[i] = o
+			continue
+		}
+		pending = append(pending, i)
+	}
+	return pending
+}
+
+func bootstrapOutcome(w *write, err error) relay.Outcome {
+	var re *ResponseError
+	var ne *NameError
+	switch {
+	case IsIncompatible(err), errors.As(err, &ne):
+		w.answered()
+		return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
+	case errors.As(err, &re):
+		w.answered()
+		if re.Status == 429 || re.Status >= 500 {
+			return relay.Outcome{Status: relay.Retry, Reason: err.Error()}
+		}
+		return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
+	}
+	w.unreachable(err)
+	return relay.Outcome{Status: relay.Retry, Reason: err.Error()}
+}
+
+// checkEvent returns why e can never be indexed, or "".
+func checkEvent(e *relay.Event) string {
+	switch {
+	case e.SourceID == "":
+		return "source_id: must not be empty"
+	case len(e.SourceID) > 512:
+		return fmt.Sprintf("source_id: Elasticsearch ids are at most 512 bytes, got %d", len(e.SourceID))
+	case e.Version < 1:
+		return fmt.Sprintf("version: must be >= 1, got %d", e.Version)
+	case e.Op == relay.OpUpsert:
+		return checkDocument(e.Document)
+	case e.Op == relay.OpDelete:
+		return ""
+	}
+	return fmt.Sprintf("op: must be %q or %q, got %q", relay.OpUpsert, relay.OpDelete, e.Op)
+}
+
+type docKey struct{ index, id string }
+
+// dedupe keeps, per document, the highest version; on equal versions the
+// later event, so the later write wins as it would if sent one by one.
+func dedupe(events []relay.Event, pending []int) (winners []int, winnerOf func(int) int) {
+	best := make(map[docKey]int, len(pending))
+	for _, p := range pending {
+		k := docKey{events[p].IndexName, events[p].SourceID}
+		if b, ok := best[k]; !ok || events[p].Version >= events[b].Version {
+			best[k] = p
+		}
+	}
+	winners = make([]int, 0, len(best))
+	for _, p := range pending {
+		if best[docKey{events[p].IndexName, events[p].SourceID}] == p {
+			winners = append(winners, p)
+		}
+	}
+	return winners, func(p int) int { return best[docKey{events[p].IndexName, events[p].SourceID}] }
+}
+
+// apply sends the winners and settles their outcomes, including the
+// equal-version conflicts (see versionType).
+func (s *Sink) apply(ctx context.Context, w *write, winners []int) {
+	s.sendAll(ctx, w, winners, external)
+	if len(w.equal) == 0 {
+		return
+	}
+	equal := w.equal
+	w.equal = nil
+	resend := s.resolveEqual(ctx, w, equal)
+	s.sendAll(ctx, w, resend, externalGTE)
+}
+
+// sendAll splits items into bulk requests bounded by count and bytes and
+// runs up to s.workers of them at once.
+func (s *Sink) sendAll(ctx context.Context, w *write, items []int, vt versionType) {
+	var chunks [][]int
+	start, size := 0, 0
+	for i, p := range items {
+		n := approxSize(&w.events[p])
+		if i > start && (i-start >= s.maxDocs || size+n > s.maxBytes) {
+			chunks = append(chunks, items[start:i])
+			start, size = i, 0
+		}
+		size += n
+	}
+	if start < len(items) {
+		chunks = append(chunks, items[start:])
+	}
+	if len(chunks) == 1 {
+		s.send(ctx, w, chunks[0], vt)
+		return
+	}
+	next := make(chan []int)
+	var wg sync.WaitGroup
+	for range min(s.workers, len(chunks)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range next {
+				s.send(ctx, w, c, vt)
+			}
+		}()
+	}
+	for _, c := range chunks {
+		next <- c
+	}
+	close(next)
+	wg.Wait()
+}
+
+func approxSize(e *relay.Event) int {
+	return 110 + 2*len(e.IndexName) + len(e.SourceID) + len(e.Document)
+}
+
+var (
+	ptrTrue  = true
+	ptrFalse = false
+)
+
+// send runs one bulk request and settles the outcome of each of its items.
+func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) {
+	bp := getBody()
+	defer putBody(bp)
+	b := (*bp)[:0]
+	for _, p := range items {
+		e := &w.events[p]
+		b = appendAction(b, e.IndexName, e.SourceID, e.Version, vt)
+		if e.Op == relay.OpDelete {
+			b = appendTombstone(b, w.deletedAt)
+		} else {
+			b = append(b, oneLine(e.Document)...)
+		}
+		b = append(b, '\n')
+	}
+	*bp = b
+
+	started := time.Now()
+	req := esapi.BulkRequest{
+		Body:                 bytesReader(b),
+		FilterPath:           bulkFilterPath,
+		RequireAlias:         &ptrTrue,  // never auto-create a concrete index named like the alias
+		IncludeSourceOnError: &ptrFalse, // documents may hold personal data; keep them out of reasons and logs
+	}
+	res, err := req.Do(ctx, s.es)
+	if err != nil {
+		s.observe("unreachable", started)
+		w.unreachable(err)
+		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk request: " + err.Error()})
+		return
+	}
+	rb := getBody()
+	defer putBody(rb)
+	body, err := readAll(res, rb)
+	w.answered()
+	switch {
+	case err != nil:
+		s.observe("unreachable", started)
+		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk response: " + err.Error()})
+	case res.StatusCode == http.StatusOK:
+		if allSucceeded(body) {
+			s.observe("ok", started)
+			s.settleAll(w, items, relay.Outcome{Status: relay.Applied})
+			return
+		}
+		s.observe("item_errors", started)
+		s.settleItems(w, items, body)
+	case (res.StatusCode == http.StatusBadRequest || res.StatusCode == http.StatusRequestEntityTooLarge) && len(items) > 1:
+		// One bad item failed the whole request; halve until it is alone.
+		s.observe("http_error", started)
+		h := len(items) / 2
+		s.send(ctx, w, items[:h], vt)
+		s.send(ctx, w, items[h:], vt)
+	default:
+		s.observe("http_error", started)
+		re := responseError("bulk", res.StatusCode, body)
+		o := relay.Outcome{Status: relay.Retry, Reason: re.Error()}
+		switch {
+		case res.StatusCode == http.StatusBadRequest || res.StatusCode == http.StatusRequestEntityTooLarge:
+			o.Status = relay.Rejected
+		case res.StatusCode != 429 && res.StatusCode != 408 && res.StatusCode < 500:
+			// 401, 403, 404 of the whole request: the sink is misconfigured
+			// (credentials, proxy path), not the events; never dead-letter
+			// a backlog for it.
+			w.mu.Lock()
+			w.reached = false
+			w.mu.Unlock()
+			w.unreachable(re)
+		}
+		s.settleAll(w, items, o)
+	}
+}
+
+func (s *Sink) settleAll(w *write, items []int, o relay.Outcome) {
+	for _, p := range items {
+		w.out[p] = o
+	}
+}
+
+func (s *Sink) settleItems(w *write, items []int, body []byte) {
+	var r bulkResponse
+	if err := jsonUnmarshal(body, &r); err != nil || len(r.Items) != len(items) {
+		reason := fmt.Sprintf("bulk response: expected %d items, could not read them", len(items))
+		if err != nil {
+			reason += ": " + err.Error()
+		}
+		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: reason})
+		return
+	}
+	for i, p := range items {
+		c, reason := classify(&r.Items[i].Index)
+		switch c {
+		case classConflict:
+			if cur, prov, ok := conflictVersions(reason); ok && cur > prov {
+				w.out[p] = relay.Outcome{Status: relay.Stale}
+				continue
+			}
+			if s.isResend(w, p) {
+				w.out[p] = relay.Outcome{Status: relay.Stale}
+				continue
+			}
+			w.mu.Lock()
+			w.equal = append(w.equal, p)
+			w.mu.Unlock()
+			continue
+		case classMissingAlias:
+			w.mu.Lock()
+			if w.missing == nil {
+				w.missing = make(map[string]bool)
+			}
+			w.missing[w.events[p].IndexName] = true
+			w.mu.Unlock()
+		}
+		w.out[p] = outcomeOf(c, reason)
+	}
+}
+
+// isResend reports whether p was already sent with external_gte in this
+// Write, in which case any conflict is a newer version written meanwhile.
+func (s *Sink) isResend(w *write, p int) bool {
+	return w.out[p].Status == resendMark
+}
+
+func (s *Sink) observe(result string, started time.Time) {
+	s.latency.WithLabelValues(result).Observe(time.Since(started).Seconds())
+}

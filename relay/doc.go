@@ -1,0 +1,78 @@
+// Package relay owns the outbox contract: appending events inside the
+// caller's transaction (Outbox.Append, or the SQL function <schema>.append)
+// and streaming every committed event to a Sink exactly in step with
+// PostgreSQL's commits.
+//
+// # Reading without gaps
+//
+// Event ids (and xids) are assigned before commit, and transactions commit
+// out of that order: a reader that pages by "id > last" skips a transaction
+// that commits after a later one forever. The known fixes were weighed:
+//
+//   - an xid watermark (read only below the oldest running transaction)
+//     stalls all delivery behind any long write transaction in the cluster;
+//   - claim-and-mark with FOR UPDATE SKIP LOCKED costs an UPDATE and a dead
+//     tuple per event, and the WAL that goes with them;
+//   - logical decoding needs wal_level=logical and a slot that retains WAL
+//     without bound while the relay is down.
+//
+// The relay uses PgQ-style snapshot batches instead. Each event row stores
+// its writer's xid8. A stream's position is a snapshot "done": every
+// transaction visible in it is handled. The next batch is what is visible
+// in a new snapshot and not in done: transactions that started after
+// done.xmax plus those in done's in-progress list that have since
+// finished. A late committer is in that list and is picked up by the first
+// batch in which it is visible; an unrelated long transaction costs one
+// index lookup of its xid per batch and stalls nothing. Reading is a range
+// scan of the (xid, id) index; the relay writes nothing per event, only one
+// progress row per page.
+//
+// # Acknowledgement
+//
+// Progress is an acknowledgement boundary. A batch is delivered in pages in
+// (xid, id) order; after the sink gives every event of a page a terminal
+// outcome (applied, stale, or parked as a dead letter) the page's end is
+// stored as (done, batch snapshot, cursor) in the progress table, in the
+// same transaction as its dead letters. Pages are acknowledged in reading
+// order, never in completion order. A crash anywhere re-delivers what came
+// after the stored position: delivery is at least once, so Sink.Write must
+// be idempotent. A failure to store progress stops the stream with a
+// *ProgressError; it is never swallowed.
+//
+// Events of one source_id always fall in one stream and reach the sink in
+// commit order, but a sink must not rely on order: retries, replays and
+// failovers re-deliver older events. The versions carried by the events
+// are what make the result exact (see package indexer).
+//
+// # Failures
+//
+// A Retry outcome is retried with exponential backoff and jitter, up to
+// Config.MaxAttempts per event, then parked in dead_letters with the last
+// reason. A Rejected outcome is parked at once. A Sink.Write error means the
+// sink is unavailable as a whole: the page is retried without limit (and
+// logged, and counted in outboxd_sink_errors_total) so an outage of minutes
+// delays delivery but never dead-letters the backlog.
+//
+// # Leadership and partitions
+//
+// Each stream has one leader: a session-level advisory lock on
+// (schema, stream), held on the same connection that writes the stream's
+// progress. If the leader dies its session ends, PostgreSQL releases the
+// lock, and a standby polling every Config.LeaseInterval takes over from
+// the stored position. A leader whose session is gone cannot store
+// progress, so two relays never both advance a stream. Streams partition
+// the outbox by 1024 hash buckets of source_id (Partitions); every relay
+// process counts the live relays (a shared advisory lock each holds) and
+// leads at most its fair share, handing extra streams to newcomers.
+//
+// # Versions
+//
+// An outbox id, a timestamp or a transaction id is not a safe version. Ids
+// and xids are assigned when a transaction first writes, not when it
+// commits, so the later commit may carry the smaller number; timestamps
+// also come from the transaction's start, collide, and go backwards with
+// clock changes. A safe version is ordered by the row itself: a version
+// column bumped in the same UPDATE (the row lock orders concurrent writers)
+// or the outbox's own per-source counter (Version 0 / SQL NULL), whose row
+// lock is held until commit, so versions increase in commit order.
+package relay

@@ -1,0 +1,146 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/relay"
+)
+
+// The write-side cost of the outbox: how much slower a business transaction
+// gets when it also appends one event. Run with
+//
+//	go test -bench Outbox -run '^$' ./relay/
+//
+// It needs the shared PostgreSQL; numbers from a busy shared server are
+// noisy, so compare the ratio, which both phases share, rather than the
+// absolute rates.
+
+const benchClients = 8
+
+var benchBody = strings.Repeat("lorem ipsum dolor sit amet ", 20)
+
+// BenchmarkOutboxAppendOverhead runs the same business INSERT with and
+// without one Append in the same transaction, 8 concurrent clients each,
+// alternating the two phases so drift on the server hits both alike.
+func BenchmarkOutboxAppendOverhead(b *testing.B) {
+	e := setupOutbox(b)
+	ctx := context.Background()
+	table := e.outbox.Schema() + `.bench_tutorials`
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE `+table+` (
+		id bigint PRIMARY KEY, title text NOT NULL, body text NOT NULL, version bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	var nextID atomic.Int64
+
+	// one business transaction: the INSERT the application does anyway,
+	// plus the event when withEvent.
+	one := func(withEvent bool) error {
+		id := nextID.Add(1)
+		title := fmt.Sprintf("tutorial %d", id)
+		return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, title, body, version) VALUES ($1, $2, $3, 1)`, id, title, benchBody); err != nil {
+				return err
+			}
+			if !withEvent {
+				return nil
+			}
+			doc, err := json.Marshal(map[string]any{"id": id, "title": title, "body": benchBody})
+			if err != nil {
+				return err
+			}
+			_, err = e.outbox.Append(ctx, tx, relay.Event{
+				IndexName: "tutorials", SourceID: fmt.Sprint(id), Version: 1, Op: relay.OpUpsert,
+				Document: doc, EventType: "tutorial.created",
+			})
+			return err
+		})
+	}
+	// phase runs n transactions over benchClients clients and returns the
+	// wall time.
+	phase := func(n int, withEvent bool) time.Duration {
+		var left atomic.Int64
+		left.Store(int64(n))
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		start := time.Now()
+		for range benchClients {
+			wg.Go(func() {
+				for left.Add(-1) >= 0 {
+					if err := one(withEvent); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if err := failed.Load(); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+
+	// Warm the pool's connections and their statement caches.
+	phase(4*benchClients, true)
+	phase(4*benchClients, false)
+
+	const rounds = 4
+	per := max(b.N/rounds, benchClients)
+	var plain, outbox time.Duration
+	b.ResetTimer()
+	for range rounds {
+		plain += phase(per, false)
+		outbox += phase(per, true)
+	}
+	b.StopTimer()
+	total := float64(per * rounds)
+	plainRate := total / plain.Seconds()
+	outboxRate := total / outbox.Seconds()
+	b.ReportMetric(plainRate, "plain-tx/s")
+	b.ReportMetric(outboxRate, "outbox-tx/s")
+	b.ReportMetric(outboxRate/plainRate, "ratio")
+}
+
+// BenchmarkOutboxAppendBatch measures AppendBatch through COPY: batches of
+// 1000 explicitly versioned events, each batch in its own transaction.
+func BenchmarkOutboxAppendBatch(b *testing.B) {
+	e := setupOutbox(b)
+	ctx := context.Background()
+	const size = 1000
+	batch := make([]relay.Event, size)
+	for i := range batch {
+		batch[i] = relay.Event{
+			IndexName: "tutorials", SourceID: fmt.Sprintf("tut-%d", i), Version: 1, Op: relay.OpUpsert,
+			Document:  json.RawMessage(fmt.Sprintf(`{"id": %d, "title": "tutorial %d", "body": %q}`, i, i, benchBody)),
+			EventType: "tutorial.created",
+		}
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		for j := range batch {
+			batch[j].Version = int64(i + 1)
+		}
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			n, err := e.outbox.AppendBatch(ctx, tx, batch)
+			if err == nil && n != size {
+				err = fmt.Errorf("wrote %d of %d", n, size)
+			}
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*size)/time.Since(start).Seconds(), "events/s")
+}
