@@ -32,7 +32,12 @@ var benchBody = strings.Repeat("lorem ipsum dolor sit amet ", 20)
 // without one Append in the same transaction, 8 concurrent clients each,
 // alternating the two phases so drift on the server hits both alike.
 func BenchmarkOutboxAppendOverhead(b *testing.B) {
-	e := setupOutbox(b)
+	benchAppendOverhead(b, setupOutbox(b), false)
+}
+
+// benchAppendOverhead measures on e; pipelined sends the business INSERT
+// and the Append in one round trip (Outbox.Queue).
+func benchAppendOverhead(b *testing.B, e *outboxEnv, pipelined bool) {
 	ctx := context.Background()
 	table := e.outbox.Schema() + `.bench_tutorials`
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE `+table+` (

@@ -39,6 +39,11 @@ type Config struct {
 	ShutdownTimeout  time.Duration // grace for in-flight writes on shutdown; default 10s
 	ProgressInterval time.Duration // how often progress over empty batches is stored; default 1s
 
+	// Wakeup makes idle read loops wake on NOTIFY from the outbox's
+	// optional trigger (see <schema>.enable_wakeup()) instead of waiting
+	// out the poll interval. Polling remains the backstop.
+	Wakeup bool
+
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 }
@@ -83,6 +88,8 @@ type Relay struct {
 	k1      int32
 	metrics *metrics
 	log     *slog.Logger
+
+	waker waker
 
 	mu   sync.Mutex
 	held map[string]context.CancelFunc // streams this process leads
@@ -159,6 +166,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
+	if r.cfg.Wakeup {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.listen(ctx)
+		}()
+	}
 	for _, s := range r.cfg.Streams {
 		wg.Add(1)
 		go func() {

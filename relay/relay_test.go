@@ -267,3 +267,33 @@ func TestRelayDelivery(t *testing.T) {
 		}
 	})
 }
+
+func TestRelayWakeup(t *testing.T) {
+	t.Parallel()
+
+	t.Run("an idle relay wakes on the outbox's notification instead of waiting out its poll interval", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ctx := context.Background()
+		if _, err := e.pool.Exec(ctx, `SELECT "`+e.schema+`".enable_wakeup()`); err != nil {
+			t.Fatal(err)
+		}
+		sink := newRecordingSink()
+		cfg := e.config(sink)
+		cfg.Wakeup = true
+		cfg.MinPollInterval = time.Minute
+		cfg.MaxPollInterval = time.Minute
+		start(t, cfg)
+		first := e.append(t, 1)
+		// The very first poll happens at once; after it the loop sleeps a minute.
+		eventually(t, 10*time.Second, "first event", func() bool { return sink.has(first[0]) })
+		time.Sleep(100 * time.Millisecond)
+		for i := range 3 {
+			id, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "items", SourceID: fmt.Sprintf("wake%d", i), Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 5*time.Second, "woken delivery", func() bool { return sink.has(id) })
+		}
+	})
+}

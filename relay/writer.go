@@ -209,6 +209,8 @@ func firstOr(m map[int64]time.Time, id int64, def time.Time) time.Time {
 func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page) {
 	defer close(out)
 	cfg := w.r.cfg
+	wake := w.r.waker.subscribe()
+	defer w.r.waker.unsubscribe(wake)
 	var wait time.Duration
 	failures := 0
 	last := rd.pos
@@ -238,7 +240,7 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 				}
 			}
 			wait = min(max(wait*2, cfg.MinPollInterval), cfg.MaxPollInterval)
-			if !sleep(ctx, wait) {
+			if !sleepOrWake(ctx, wait, wake) {
 				return
 			}
 			continue

@@ -34,6 +34,7 @@ type relayFlags struct {
 	bulkDocs, bulkBytes, bulkWorkers int
 	indexSpec                        string
 
+	wakeup                  bool
 	maxAttempts             int
 	backoffBase, backoffMax time.Duration
 	minPoll, maxPoll        time.Duration
@@ -74,6 +75,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "longest retry delay")
 	fs.DurationVar(&f.minPoll, "min-poll", 2*time.Millisecond, "first wait after an empty poll")
 	fs.DurationVar(&f.maxPoll, "max-poll", 100*time.Millisecond, "longest wait between polls when idle")
+	fs.BoolVar(&f.wakeup, "wakeup", false, "also wake on NOTIFY from the outbox (enable with SELECT <schema>.enable_wakeup()); adds a NOTIFY per writing transaction")
 	fs.DurationVar(&f.lease, "lease-interval", time.Second, "how often a standby tries to take over a stream")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 10*time.Second, "grace for in-flight writes after the first signal")
 	fs.StringVar(&f.adminAddr, "admin-addr", admin.DefaultAddr, "admin HTTP address (dashboard, /metrics, /healthz, /readyz); empty disables")
@@ -136,7 +138,7 @@ func runRelay(ctx context.Context, args []string) error {
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch,
 		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
-		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown,
+		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup,
 		Registerer: reg, Logger: log,
 	})
 	if err != nil {
