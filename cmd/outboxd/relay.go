@@ -84,7 +84,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.retentionSchedule, "retention-schedule", "@every 10m", "when to delete acknowledged events past retention (cron or @every; empty disables)")
 	fs.DurationVar(&f.tombstoneHorizon, "tombstone-horizon", 30*24*time.Hour, "purge delete tombstones older than this; keep it longer than any replay window")
 	fs.StringVar(&f.tombstoneSchedule, "tombstone-purge-schedule", "@every 1h", "when to purge old tombstones (empty disables)")
-	fs.StringVar(&f.deadletterRetrySchedule, "deadletter-retry-schedule", "", "when to re-queue all parked dead letters automatically (empty disables)")
+	fs.StringVar(&f.deadletterRetrySchedule, "deadletter-retry-schedule", "", "when to re-queue dead letters that ran out of transient retries (empty disables)")
 	fs.StringVar(&f.reconcileSchedule, "reconcile-schedule", "", "when to run reconcile (needs --reconcile-index and --reconcile-sql; empty disables)")
 	fs.StringVar(&f.reconcileIndex, "reconcile-index", "", "index name the scheduled reconcile checks")
 	fs.StringVar(&f.reconcileSQL, "reconcile-sql", "", "SQL returning source_id, version, document for the scheduled reconcile")
@@ -168,7 +168,7 @@ func runRelay(ctx context.Context, args []string) error {
 			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log,
 		})
 		if err != nil {
-			return fmt.Errorf("admin-addr: %w", err)
+			return err
 		}
 		log.Info("admin server listening", "addr", "http://"+srv.Addr()+"/")
 		go func() { adminErr <- srv.Run(ctx) }()
@@ -215,7 +215,7 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		return err
 	}
 	if err := s.Add("deadletter-retry", f.deadletterRetrySchedule, func(ctx context.Context) error {
-		n, err := relay.RetryDeadLetters(ctx, pool, schemaName, relay.DeadLetterFilter{Status: "parked"}, "scheduler")
+		n, err := relay.RetryDeadLetters(ctx, pool, schemaName, relay.DeadLetterFilter{ReasonContains: "gave up after"}, "scheduler")
 		if n > 0 {
 			slog.Info("dead letters re-queued", "count", n)
 		}

@@ -69,8 +69,8 @@ func TestAdminMetrics(t *testing.T) {
 		if m.sum("outboxd_leader", "stream", "default") != 1 {
 			t.Fatalf("outboxd_leader{stream=default} = %v", m.sum("outboxd_leader", "stream", "default"))
 		}
-		if m.sum("outboxd_job_runs_total", "job", "retention") != 1 || !m.has("outboxd_job_duration_seconds_count") {
-			t.Fatalf("job metrics missing: runs %v", m.sum("outboxd_job_runs_total", "job", "retention"))
+		if m.sum("outboxd_job_runs_total", "job_name", "retention") != 1 || !m.has("outboxd_job_duration_seconds_count") {
+			t.Fatalf("job metrics missing: runs %v", m.sum("outboxd_job_runs_total", "job_name", "retention"))
 		}
 	})
 	t.Run("the summary agrees with /metrics", func(t *testing.T) {

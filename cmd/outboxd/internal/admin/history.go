@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// sample is one point of the page's charts. Counters are cumulative since
+// Sample is one point of the page's charts. Counters are cumulative since
 // this process started; the page turns consecutive samples into rates.
-type sample struct {
+type Sample struct {
 	T            int64   `json:"t"` // unix milliseconds
 	Backlog      int64   `json:"backlog"`
 	OldestAge    float64 `json:"oldest_age"`
@@ -28,16 +28,16 @@ type sample struct {
 // the process runs.
 type history struct {
 	mu   sync.Mutex
-	buf  []sample
+	buf  []Sample
 	next int
 	full bool
 }
 
 func newHistory(n int) *history {
-	return &history{buf: make([]sample, max(n, 2))}
+	return &history{buf: make([]Sample, max(n, 2))}
 }
 
-func (h *history) add(s sample) {
+func (h *history) add(s Sample) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.buf[h.next] = s
@@ -48,11 +48,11 @@ func (h *history) add(s sample) {
 }
 
 // since returns the samples taken after t (unix ms), oldest first.
-func (h *history) since(t int64) []sample {
+func (h *history) since(t int64) []Sample {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	var out []sample
-	emit := func(part []sample) {
+	var out []Sample
+	emit := func(part []Sample) {
 		for _, s := range part {
 			if s.T > t {
 				out = append(out, s)
@@ -79,8 +79,8 @@ func (s *Server) sampleLoop(ctx context.Context) {
 	}
 }
 
-func (s *Server) takeSample(ctx context.Context) sample {
-	smp := sample{T: time.Now().UnixMilli()}
+func (s *Server) takeSample(ctx context.Context) Sample {
+	smp := Sample{T: time.Now().UnixMilli()}
 	if st, err := s.stats.get(ctx); err == nil && st != nil {
 		smp.StatsOK = true
 		for _, ss := range st.Streams {

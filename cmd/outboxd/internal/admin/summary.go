@@ -104,7 +104,7 @@ type Summary struct {
 	Errors         map[string]float64      `json:"errors"`
 	WriteSide      map[string]float64      `json:"write_side,omitempty"`
 	Jobs           []jobs.Status           `json:"jobs"`
-	History        []sample                `json:"history"`
+	History        []Sample                `json:"history"`
 	SampleInterval float64                 `json:"sample_interval_seconds"`
 	Outcomes       map[string]float64      `json:"outcomes"`
 }
@@ -153,7 +153,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 		SampleInterval: s.cfg.SampleInterval.Seconds(),
 	}
 	if sum.History == nil {
-		sum.History = []sample{}
+		sum.History = []Sample{}
 	}
 	c, err := readCounters(s.cfg.Gatherer)
 	if err != nil {

@@ -16,8 +16,10 @@
 //     and recorded as a failure (the chain's cron.Recover is the last line).
 //   - Runs are recorded in <schema>.job_runs (shared by all replicas, so
 //     every replica's page shows them) and in the metrics
-//     outboxd_job_runs_total{job}, outboxd_job_failures_total{job},
-//     outboxd_job_skips_total{job} and outboxd_job_duration_seconds{job}.
+//     outboxd_job_runs_total, outboxd_job_failures_total,
+//     outboxd_job_skips_total and outboxd_job_duration_seconds, labelled
+//     job_name (not "job", which Prometheus reserves for the scrape job and
+//     would rename to exported_job).
 //   - Stop stops scheduling, cancels the context of running jobs and waits
 //     for them to return: jobs must stop promptly when their context ends.
 package jobs

@@ -18,20 +18,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_job_runs_total",
 			Help: "Scheduled job runs this process performed (it held the job's lock), successful or not.",
-		}, []string{"job"}),
+		}, []string{"job_name"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_job_failures_total",
 			Help: "Scheduled job runs that returned an error or panicked.",
-		}, []string{"job"}),
+		}, []string{"job_name"}),
 		skips: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_job_skips_total",
 			Help: "Scheduled job ticks skipped because another replica held the job's lock.",
-		}, []string{"job"}),
+		}, []string{"job_name"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "outboxd_job_duration_seconds",
 			Help:    "Duration of scheduled job runs.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}, []string{"job"}),
+		}, []string{"job_name"}),
 	}
 	if reg != nil {
 		m.runs = register(reg, m.runs)

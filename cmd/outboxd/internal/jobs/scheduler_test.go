@@ -276,7 +276,7 @@ func counter(t *testing.T, g prometheus.Gatherer, name, job string) float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "job" && l.GetValue() == job {
+				if l.GetName() == "job_name" && l.GetValue() == job {
 					return m.GetCounter().GetValue()
 				}
 			}

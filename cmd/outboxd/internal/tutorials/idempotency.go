@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/schema"
 )
 
 // Key statuses, as stored.
@@ -179,18 +181,22 @@ func (k *Keys) Claim(ctx context.Context, userID, key, method, path, hash string
 	return claim{}, fmt.Errorf("tutorials: key %q: claim did not settle after 5 attempts", key)
 }
 
-// hold renews the lease and locks the key row inside the business
-// transaction, so a taker waits for this transaction instead of racing it.
-// It fails with ErrLeaseLost when the claim is no longer this request's.
+// hold locks the key row inside the business transaction, so a taker
+// waits for this transaction instead of racing it. The lock is FOR UPDATE,
+// not an UPDATE, on purpose: a lock-only row version does not make a
+// duplicate's INSERT ... ON CONFLICT wait, so duplicates get their 409 at
+// once instead of queueing on this transaction. It fails with ErrLeaseLost
+// when the claim is no longer this request's.
 func (k *Keys) hold(ctx context.Context, tx pgx.Tx, userID, key, token string) error {
-	tag, err := tx.Exec(ctx, `UPDATE `+k.table+` SET locked_until = now() + make_interval(secs => $4), updated_at = now()
-		WHERE user_id = $1 AND key = $2 AND lock_token = $3 AND status = 'PROCESSING'`,
-		userID, key, token, k.lease.Seconds())
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM `+k.table+`
+		WHERE user_id = $1 AND key = $2 AND lock_token = $3 AND status = 'PROCESSING'
+		FOR UPDATE`, userID, key, token).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
 	if err != nil {
 		return fmt.Errorf("tutorials: hold key: %w", err)
-	}
-	if tag.RowsAffected() != 1 {
-		return ErrLeaseLost
 	}
 	return nil
 }
@@ -222,6 +228,17 @@ func (k *Keys) fail(ctx context.Context, userID, key, token string, status int, 
 		return fmt.Errorf("tutorials: fail key: %w", err)
 	}
 	return nil
+}
+
+// DeleteExpiredKeys removes expired keys from schemaName's
+// idempotency_keys; see (*Keys).DeleteExpiredKeys.
+func DeleteExpiredKeys(ctx context.Context, pool *pgxpool.Pool, schemaName string) (int64, error) {
+	id, err := schema.Ident(schemaName)
+	if err != nil {
+		return 0, err
+	}
+	k := &Keys{pool: pool, table: id + ".idempotency_keys"}
+	return k.DeleteExpiredKeys(ctx)
 }
 
 // DeleteExpiredKeys removes keys past their expiry, in batches so the job

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
+)
+
+// cliSink rejects documents carrying "bad": true and applies the rest.
+type cliSink struct {
+	mu      sync.Mutex
+	applied map[string]int
+}
+
+func (s *cliSink) Write(_ context.Context, events []relay.Event) ([]relay.Outcome, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	outs := make([]relay.Outcome, len(events))
+	for i, e := range events {
+		var doc struct{ Bad bool }
+		_ = json.Unmarshal(e.Document, &doc)
+		if doc.Bad {
+			outs[i] = relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: failed to parse [price]"}
+			continue
+		}
+		s.applied[e.SourceID]++
+		outs[i] = relay.Outcome{Status: relay.Applied}
+	}
+	return outs, nil
+}
+
+type cliEnv struct {
+	pool   *pgxpool.Pool
+	schema string
+	outbox *relay.Outbox
+	sink   *cliSink
+	dbArgs []string
+}
+
+func cliSetup(t *testing.T) *cliEnv {
+	t.Helper()
+	pool, name := schematest.Setup(t)
+	ob, err := relay.NewOutbox(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &cliEnv{pool: pool, schema: name, outbox: ob, sink: &cliSink{applied: map[string]int{}},
+		dbArgs: []string{"--database-url", schematest.DatabaseURL(t), "--schema", name}}
+}
+
+// runRelay runs a relay until the returned stop is called (or the test ends).
+func (e *cliEnv) runRelay(t *testing.T) (stop func()) {
+	t.Helper()
+	r, err := relay.New(relay.Config{Pool: e.pool, Schema: e.schema, Sink: e.sink, LeaseInterval: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("relay: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	cliEventually(t, "the relay leads", func() bool { return len(r.Leading()) == 1 })
+	return stop
+}
+
+func (e *cliEnv) append(t *testing.T, index, source, doc string) {
+	t.Helper()
+	if _, err := e.outbox.Append(context.Background(), e.pool, relay.Event{IndexName: index, SourceID: source, Op: relay.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *cliEnv) backlog(t *testing.T) int64 {
+	t.Helper()
+	st, err := relay.CollectStats(context.Background(), e.pool, e.schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, s := range st.Streams {
+		n += s.Backlog
+	}
+	return n
+}
+
+func cliEventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exitError); ok {
+		return ee.code
+	}
+	return 1
+}

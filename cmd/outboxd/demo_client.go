@@ -1,0 +1,33 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/outboxd/outboxd/cmd/outboxd/internal/tutorials"
+)
+
+func init() {
+	register("demo-client", "play a retrying, double-clicking client against example-api and wait for search to converge", runDemoClient)
+}
+
+func runDemoClient(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("demo-client", flag.ContinueOnError)
+	api := fs.String("api", envOr("OUTBOXD_API_URL", "http://127.0.0.1:8080"), "example API base URL (env OUTBOXD_API_URL)")
+	user := fs.String("user", "demo-user", "X-User-ID to write as")
+	count := fs.Int("count", 20, "tutorials to create")
+	burst := fs.Int("burst", 20, "concurrent duplicate submits of one key")
+	wait := fs.Duration("wait", 2*time.Minute, "how long search may take to converge")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	return tutorials.RunDemo(ctx, tutorials.DemoOptions{
+		BaseURL: *api, Out: os.Stdout, User: *user, Count: *count, Burst: *burst, Wait: *wait,
+	})
+}
