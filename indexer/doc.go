@@ -38,8 +38,9 @@
 // Write returns one relay.Outcome per event: 200/201 Applied; version
 // conflicts Stale; 429, 408, 5xx, timeouts and connection errors of some
 // requests Retry; 400 (mapping and parse errors) and malformed events
-// Rejected with Elasticsearch's error type and reason (documents are never
-// echoed: include_source_on_error=false). A whole request answered 400 or
+// Rejected with Elasticsearch's error type and reason (the document itself
+// is not echoed, include_source_on_error=false, though Elasticsearch may
+// quote a short preview of the offending field). A whole request answered 400 or
 // 413 is halved until the bad event stands alone, so one bad event never
 // rejects its neighbours. When no request reached Elasticsearch, or the
 // whole request was refused for 401/403/404 (credentials, proxy path),

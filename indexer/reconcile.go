@@ -168,7 +168,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		opts.Progress.SetTotal(n)
 	}
 	states := map[string]reconState{}
-	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: repairSourceFields(nil, "version", ""), Progress: opts.Progress}, func(h ScanHit) error {
+	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: repairSourceFields(nil, "version", ""), Progress: opts.Progress, Refresh: true}, func(h ScanHit) error {
 		rep.IndexDocs++
 		sid, d, _, err := repairKeyOf(h, []string{"source_id"}, "version", "")
 		if err != nil {

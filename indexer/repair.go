@@ -193,13 +193,13 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 		opts.Progress.SetTotal(n)
 	}
 
-	groups := make(map[string][]RepairDoc)
-	intern := map[string]string{}
+	groups := newRepairGrouper()
 	err = Scan(ctx, es, ScanOptions{
 		Indices:        indices,
 		SourceIncludes: repairSourceFields(opts.Key, opts.VersionField, opts.UpdatedField),
 		PageSize:       opts.PageSize,
 		Progress:       opts.Progress,
+		Refresh:        true,
 	}, func(h ScanHit) error {
 		plan.Scanned++
 		k, d, ok, err := repairKeyOf(h, opts.Key, opts.VersionField, opts.UpdatedField)
@@ -210,37 +210,23 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 			plan.Ungroupable++
 			return nil
 		}
-		// Few distinct index names and usually source_id == _id: share
-		// the strings instead of holding a copy per document.
-		if s, ok := intern[d.Index]; ok {
-			d.Index = s
-		} else {
-			intern[d.Index] = d.Index
-		}
-		if d.SourceID == d.ID {
-			d.SourceID = d.ID
-		}
-		if k == d.SourceID {
-			k = d.SourceID
-		}
-		groups[k] = append(groups[k], d)
+		groups.add(k, d)
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	plan.Keys = int64(len(groups))
+	plan.Keys = int64(len(groups.slots))
 
 	targets := map[string]int{} // target _id -> group index, for conflict checks
-	for k, docs := range groups {
+	groups.each(writeIndex, func(k string, docs []RepairDoc) {
 		g, needed := repairPlanGroup(k, docs, writeIndex, opts.UpdatedField)
 		if !needed {
-			continue
+			return
 		}
 		if g.Rewrite {
 			if other, dup := targets[g.TargetID]; dup {
-				reason := fmt.Sprintf("target _id %q is also the target of group %q", g.TargetID, plan.Groups[other].Key)
-				g.Conflict = reason
+				g.Conflict = fmt.Sprintf("target _id %q is also the target of group %q", g.TargetID, plan.Groups[other].Key)
 				if plan.Groups[other].Conflict == "" {
 					plan.Groups[other].Conflict = fmt.Sprintf("target _id %q is also the target of group %q", g.TargetID, k)
 				}
@@ -249,21 +235,19 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 			}
 		}
 		plan.Groups = append(plan.Groups, g)
-	}
+	})
 	// A rewrite must not overwrite a document that belongs to another key
 	// (possible with canonical_url or business keys: one source_id, two
 	// URLs). One pass over the grouped documents finds them.
 	if len(targets) > 0 {
-		for k, docs := range groups {
-			for _, d := range docs {
-				if d.Index != writeIndex {
-					continue
-				}
-				if gi, hit := targets[d.ID]; hit && plan.Groups[gi].Key != k && plan.Groups[gi].Conflict == "" {
-					plan.Groups[gi].Conflict = fmt.Sprintf("target %s/%s holds a document of another key (%q); repair by source_id first", writeIndex, d.ID, k)
-				}
+		groups.eachDoc(func(k, index, id string) {
+			if index != writeIndex {
+				return
 			}
-		}
+			if gi, hit := targets[id]; hit && plan.Groups[gi].Key != k && plan.Groups[gi].Conflict == "" {
+				plan.Groups[gi].Conflict = fmt.Sprintf("target %s/%s holds a document of another key (%q); repair by source_id first", writeIndex, id, k)
+			}
+		})
 	}
 	sort.Slice(plan.Groups, func(i, j int) bool { return plan.Groups[i].Key < plan.Groups[j].Key })
 	return plan, nil
@@ -308,7 +292,7 @@ func repairPlanGroup(key string, docs []RepairDoc, writeIndex, updatedField stri
 func repairResolve(ctx context.Context, es *elasticsearch.Client, name string) ([]string, string, error) {
 	var aliases map[string]struct {
 		Aliases map[string]struct {
-			IsWriteIndex *bool         `json:"is_write_index"`
+			IsWriteIndex *bool          `json:"is_write_index"`
 			Filter       map[string]any `json:"filter"`
 		} `json:"aliases"`
 	}

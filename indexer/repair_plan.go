@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -37,7 +38,7 @@ type RepairDoc struct {
 func repairKeyOf(h ScanHit, key []string, versionField, updatedField string) (k string, d RepairDoc, ok bool, err error) {
 	var src map[string]any
 	if len(h.Source) > 0 {
-		dec := json.NewDecoder(strings.NewReader(string(h.Source)))
+		dec := json.NewDecoder(bytes.NewReader(h.Source))
 		dec.UseNumber()
 		if err := dec.Decode(&src); err != nil {
 			return "", d, false, fmt.Errorf("document %s/%s: _source: %w", h.Index, h.ID, err)

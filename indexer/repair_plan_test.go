@@ -173,3 +173,46 @@ func TestRepairProgressLine(t *testing.T) {
 		}
 	})
 }
+
+func TestRepairGrouper(t *testing.T) {
+	t.Parallel()
+	t.Run("documents come back as they went in, grouped by key", func(t *testing.T) {
+		g := newRepairGrouper()
+		in := []struct {
+			key string
+			doc RepairDoc
+		}{
+			{"s", RepairDoc{Index: "w", ID: "s", SourceID: "s", Version: 2, ESVersion: 2, SeqNo: 1, PrimaryTerm: 1, Updated: "2024-01-01T00:00:00Z"}},
+			{"s", RepairDoc{Index: "w", ID: "r1", SourceID: "s", Version: 3, ESVersion: 1, SeqNo: 2, PrimaryTerm: 1, Updated: "yesterday"}},
+			{"s", RepairDoc{Index: "o", ID: "s", SourceID: "s", Version: 1, ESVersion: 1, Tombstone: true}},
+			{"url", RepairDoc{Index: "w", ID: "r2", SourceID: "x", Version: 1, ESVersion: 1}},
+			{"alone", RepairDoc{Index: "w", ID: "alone", SourceID: "alone", Version: 1, ESVersion: 1}},
+		}
+		for _, x := range in {
+			g.add(x.key, x.doc)
+		}
+		got := map[string][]RepairDoc{}
+		g.each("w", func(k string, docs []RepairDoc) {
+			got[k] = append([]RepairDoc(nil), docs...)
+		})
+		if len(got) != 2 || len(got["s"]) != 3 || len(got["url"]) != 1 {
+			t.Fatalf("groups %v (a single document in place must be skipped)", got)
+		}
+		want := map[string]RepairDoc{}
+		for _, x := range in {
+			want[x.doc.Index+"/"+x.doc.ID] = x.doc
+		}
+		for _, docs := range got {
+			for _, d := range docs {
+				if w := want[d.Index+"/"+d.ID]; d != w {
+					t.Errorf("got %+v, want %+v", d, w)
+				}
+			}
+		}
+		n := 0
+		g.eachDoc(func(k, index, id string) { n++ })
+		if n != 5 {
+			t.Errorf("eachDoc saw %d documents, want 5", n)
+		}
+	})
+}

@@ -41,6 +41,10 @@ type ScanOptions struct {
 	KeepAlive time.Duration
 	// Progress, if set, is advanced by every hit.
 	Progress *Progress
+	// Refresh refreshes the indices before the point in time is opened:
+	// a PIT sees only refreshed segments, and a repair planned right after
+	// writes (or after a previous repair) must see them.
+	Refresh bool
 }
 
 // Scan streams every document of opts.Indices to fn, one page at a time, in
@@ -68,6 +72,11 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 	}
 	keepStr := fmt.Sprintf("%ds", int(keep.Seconds()))
 
+	if opts.Refresh {
+		if err := scanDo(ctx, es, esapi.IndicesRefreshRequest{Index: opts.Indices}, nil); err != nil {
+			return fmt.Errorf("indexer: scan %s: refresh: %w", strings.Join(opts.Indices, ","), err)
+		}
+	}
 	var opened struct {
 		ID string `json:"id"`
 	}

@@ -36,6 +36,7 @@ type Sink struct {
 	spec     []byte
 	logger   *slog.Logger
 	latency  *prometheus.HistogramVec
+	now      func() time.Time // tombstone timestamps; tests move it
 
 	mu   sync.Mutex
 	boot map[string]*bootEntry
@@ -69,6 +70,7 @@ func NewSink(o Options) (*Sink, error) {
 		spec:     spec,
 		logger:   o.Logger,
 		boot:     make(map[string]*bootEntry),
+		now:      time.Now,
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "outboxd_bulk_request_seconds",
 			Help:    "Latency of bulk requests to Elasticsearch, by result (ok, item_errors, http_error, unreachable).",
@@ -106,6 +108,7 @@ type write struct {
 	mu        sync.Mutex
 	reached   bool  // some request got an answer from Elasticsearch
 	unreached error // the last request that did not
+	refused   error // a whole request refused for the sink's own fault
 	equal     []int // strict-external conflicts at the event's own version
 	missing   map[string]bool
 }
@@ -129,7 +132,7 @@ func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome
 	w := &write{
 		events:    events,
 		out:       make([]relay.Outcome, len(events)),
-		deletedAt: time.Now().UTC().Format("2006-01-02T15:04:05.000Z"),
+		deletedAt: s.now().UTC().Format("2006-01-02T15:04:05.000Z"),
 	}
 	pending := s.admit(ctx, w)
 	for len(pending) > 0 {
@@ -159,6 +162,9 @@ func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if w.refused != nil {
+		return nil, &UnavailableError{Err: w.refused}
 	}
 	if !w.reached && w.unreached != nil {
 		return nil, &UnavailableError{Err: w.unreached}
@@ -267,11 +273,15 @@ func (s *Sink) apply(ctx context.Context, w *write, winners []int) {
 // sendAll splits items into bulk requests bounded by count and bytes and
 // runs up to s.workers of them at once.
 func (s *Sink) sendAll(ctx context.Context, w *write, items []int, vt versionType) {
+	// Spread a page over the workers (down to 100 events a request) so a
+	// relay page smaller than workers*MaxBatchDocs still keeps every
+	// worker busy.
+	perChunk := min(s.maxDocs, max(100, (len(items)+s.workers-1)/s.workers))
 	var chunks [][]int
 	start, size := 0, 0
 	for i, p := range items {
 		n := approxSize(&w.events[p])
-		if i > start && (i-start >= s.maxDocs || size+n > s.maxBytes) {
+		if i > start && (i-start >= perChunk || size+n > s.maxBytes) {
 			chunks = append(chunks, items[start:i])
 			start, size = i, 0
 		}
@@ -376,9 +386,8 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 			// (credentials, proxy path), not the events; never dead-letter
 			// a backlog for it.
 			w.mu.Lock()
-			w.reached = false
+			w.refused = re
 			w.mu.Unlock()
-			w.unreachable(re)
 		}
 		s.settleAll(w, items, o)
 	}
