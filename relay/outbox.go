@@ -136,21 +136,41 @@ func (o *Outbox) Append(ctx context.Context, db DB, e Event) (int64, error) {
 	if err := Validate(&e); err != nil {
 		return 0, o.refuse(ctx, db, err)
 	}
+	sql, args := o.statement(&e)
 	var id int64
-	var err error
-	if e.Version == 0 {
-		err = db.QueryRow(ctx, `SELECT `+o.ident+`.append($1, $2, NULL, $3, $4, $5, $6)`,
-			e.IndexName, e.SourceID, string(e.Op), nullable(e.Document), nullString(e.EventType), nullable(e.Headers)).Scan(&id)
-	} else {
-		err = db.QueryRow(ctx, `INSERT INTO `+o.ident+`.events
-			(index_name, source_id, version, op, document, event_type, headers, occurred_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8, now())) RETURNING id`,
-			e.IndexName, e.SourceID, e.Version, string(e.Op), nullable(e.Document), nullString(e.EventType), nullable(e.Headers), nullTime(e.OccurredAt)).Scan(&id)
-	}
-	if err != nil {
+	if err := db.QueryRow(ctx, sql, args...).Scan(&id); err != nil {
 		return 0, fmt.Errorf("outboxd: append: %w", err)
 	}
 	return id, nil
+}
+
+// Queue adds e's append to the caller's batch, so the event costs no round
+// trip of its own: queue the business statements and the event, then send
+// the batch (in a transaction, or alone, where pgx runs a batch as one
+// implicit transaction). An invalid event returns a *ValidationError and
+// queues a statement that fails the batch, so it cannot commit without it.
+func (o *Outbox) Queue(b *pgx.Batch, e Event) error {
+	if err := Validate(&e); err != nil {
+		b.Queue(`SELECT `+o.ident+`.refuse($1)`, err.Error())
+		return err
+	}
+	sql, args := o.statement(&e)
+	b.Queue(sql, args...)
+	return nil
+}
+
+// statement is the SQL that appends a valid e and returns its id: a plain
+// INSERT for an explicit version, the SQL append (which owns the counter)
+// for an automatic one.
+func (o *Outbox) statement(e *Event) (string, []any) {
+	if e.Version == 0 {
+		return `SELECT ` + o.ident + `.append($1, $2, NULL, $3, $4, $5, $6)`,
+			[]any{e.IndexName, e.SourceID, string(e.Op), nullable(e.Document), nullString(e.EventType), nullable(e.Headers)}
+	}
+	return `INSERT INTO ` + o.ident + `.events
+			(index_name, source_id, version, op, document, event_type, headers, occurred_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, coalesce($8, now())) RETURNING id`,
+		[]any{e.IndexName, e.SourceID, e.Version, string(e.Op), nullable(e.Document), nullString(e.EventType), nullable(e.Headers), nullTime(e.OccurredAt)}
 }
 
 // AppendBatch writes many events in one round trip. Events with explicit

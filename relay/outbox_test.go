@@ -478,3 +478,132 @@ func TestOutboxAppendBatch(t *testing.T) {
 		}
 	})
 }
+
+func TestOutboxQueue(t *testing.T) {
+	t.Parallel()
+
+	business := func(t *testing.T, e *outboxEnv) string {
+		t.Helper()
+		table := e.outbox.Schema() + `.tutorials`
+		if _, err := e.pool.Exec(t.Context(), `CREATE TABLE `+table+` (id text PRIMARY KEY, version bigint NOT NULL)`); err != nil {
+			t.Fatal(err)
+		}
+		return table
+	}
+	rows := func(t *testing.T, e *outboxEnv, table string) int {
+		t.Helper()
+		var n int
+		if err := e.pool.QueryRow(t.Context(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	t.Run("the event travels in the caller's batch and commits with the business row", func(t *testing.T) {
+		t.Parallel()
+		e := setupOutbox(t)
+		table := business(t, e)
+		var b pgx.Batch
+		b.Queue(`INSERT INTO ` + table + ` VALUES ('a', 1)`)
+		if err := e.outbox.Queue(&b, upsert("a", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.outbox.Queue(&b, upsert("a", 0)); err != nil {
+			t.Fatal(err)
+		}
+		// No explicit transaction: pgx runs a batch as one implicit one.
+		if err := e.pool.SendBatch(t.Context(), &b).Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n, ev := rows(t, e, table), e.count(t); n != 1 || ev != 2 {
+			t.Fatalf("%d business rows and %d events, want 1 and 2", n, ev)
+		}
+	})
+
+	t.Run("a refused event fails the whole batch", func(t *testing.T) {
+		t.Parallel()
+		e := setupOutbox(t)
+		table := business(t, e)
+		var b pgx.Batch
+		b.Queue(`INSERT INTO ` + table + ` VALUES ('a', 1)`)
+		bad := upsert("a", 1)
+		bad.Document = nil
+		err := e.outbox.Queue(&b, bad)
+		var ve *relay.ValidationError
+		if !errors.As(err, &ve) || ve.Field != "document" {
+			t.Fatalf("Queue: %v, want a ValidationError for document", err)
+		}
+		// A caller that ignores the error still cannot commit the row alone.
+		if err := e.pool.SendBatch(t.Context(), &b).Close(); err == nil || !strings.Contains(err.Error(), "document:") {
+			t.Fatalf("batch with a refused event: %v, want it to fail naming document", err)
+		}
+		if n, ev := rows(t, e, table), e.count(t); n != 0 || ev != 0 {
+			t.Fatalf("%d business rows and %d events, want none", n, ev)
+		}
+	})
+}
+
+// The shape of a business write: the row and its event in one transaction.
+// The UPDATE bumps the row's version, so the row lock orders concurrent
+// writers and the event carries the version that commit order gives it.
+func ExampleOutbox_Append() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		panic(err)
+	}
+	outbox, err := relay.NewOutbox("outbox")
+	if err != nil {
+		panic(err)
+	}
+	id, title := "42", "Transactional outbox"
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var version int64
+		if err := tx.QueryRow(ctx, `UPDATE tutorials SET title = $2, version = version + 1 WHERE id = $1 RETURNING version`,
+			id, title).Scan(&version); err != nil {
+			return err
+		}
+		doc, err := json.Marshal(map[string]any{"id": id, "title": title})
+		if err != nil {
+			return err
+		}
+		_, err = outbox.Append(ctx, tx, relay.Event{
+			IndexName: "tutorials",
+			SourceID:  id,
+			Version:   version,
+			Op:        relay.OpUpsert,
+			Document:  doc,
+			EventType: "tutorial.updated",
+		})
+		return err // a refused event fails the transaction: no row without its event
+	})
+	if err != nil {
+		panic(err)
+	}
+}
+
+// Queue puts the event in the same round trip as the business statement.
+func ExampleOutbox_Queue() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		panic(err)
+	}
+	outbox, err := relay.NewOutbox("outbox")
+	if err != nil {
+		panic(err)
+	}
+	var b pgx.Batch
+	b.Queue(`INSERT INTO tutorials (id, title, version) VALUES ($1, $2, 1)`, "43", "Queued")
+	if err := outbox.Queue(&b, relay.Event{
+		IndexName: "tutorials", SourceID: "43", Version: 1, Op: relay.OpUpsert,
+		Document: json.RawMessage(`{"id": "43", "title": "Queued"}`),
+	}); err != nil {
+		panic(err)
+	}
+	// Sent alone, a pgx batch is one implicit transaction; inside
+	// pgx.BeginFunc use tx.SendBatch instead.
+	if err := pool.SendBatch(ctx, &b).Close(); err != nil {
+		panic(err)
+	}
+}

@@ -111,7 +111,11 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'outboxd: index_name: % is not a valid Elasticsearch index name', quote_literal(index_name) USING ERRCODE = '22023';
     END IF;
-    EXECUTE format('DROP TRIGGER IF EXISTS outboxd_capture ON %s', tbl);
+    -- Checked first: DROP TRIGGER IF EXISTS would tell every first capture
+    -- that there was nothing to drop.
+    IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = tbl AND tgname = 'outboxd_capture') THEN
+        EXECUTE format('DROP TRIGGER outboxd_capture ON %s', tbl);
+    END IF;
     -- The schema is an argument, not part of the format string: a % in its
     -- name would otherwise be read as a format specifier.
     EXECUTE format(
