@@ -343,14 +343,20 @@ func (d *demo) converge(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := expect(r, http.StatusOK, "search"); err != nil {
-			return err
+		switch r.status {
+		case http.StatusOK:
+			last = SearchResult{}
+			if err := json.Unmarshal(r.body, &last); err != nil {
+				return fmt.Errorf("demo: search: %w", err)
+			}
+			problem = d.check(last)
+		case http.StatusServiceUnavailable, http.StatusBadGateway:
+			// The index may be brand new, its shard still starting.
+			problem = fmt.Sprintf("search answered %d: %s", r.status, bytes.TrimSpace(r.body))
+		default:
+			return expect(r, http.StatusOK, "search")
 		}
-		last = SearchResult{}
-		if err := json.Unmarshal(r.body, &last); err != nil {
-			return fmt.Errorf("demo: search: %w", err)
-		}
-		if problem = d.check(last); problem == "" {
+		if problem == "" {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -72,6 +72,13 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, SearchResult{Query: q, Results: []Document{}})
 		return
 	}
+	if res.StatusCode == http.StatusServiceUnavailable || res.StatusCode == http.StatusTooManyRequests {
+		// E.g. an index the relay has just created whose shard is not
+		// started yet: transient, so say when to come back.
+		w.Header().Set("Retry-After", "1")
+		writeError(w, &APIError{Status: http.StatusServiceUnavailable, Message: fmt.Sprintf("Elasticsearch is temporarily unavailable (%d); retry shortly", res.StatusCode)})
+		return
+	}
 	if res.IsError() {
 		s.log.Error("search", "index", s.index+"-read", "status", res.StatusCode, "response", truncate(string(raw), 500))
 		writeError(w, &APIError{Status: http.StatusBadGateway, Message: fmt.Sprintf("Elasticsearch answered %d", res.StatusCode)})
