@@ -33,6 +33,11 @@ test: ## Full suite (race detector) against real servers; starts them first
 	scripts/services up
 	scripts/install-chromium
 	eval "$$(scripts/services env)" && go test -race -count=1 -timeout 40m $(TESTFLAGS) $(PKGS)
+	@# These stop and start Elasticsearch, so they run alone, after the rest,
+	@# and only against the servers scripts/services manages.
+	@if [[ -n "$${ELASTICSEARCH_URL:-}" && "$${ELASTICSEARCH_URL%/}" != "http://127.0.0.1:$${OUTBOXD_ES_PORT:-9200}" ]]; then \
+		echo "ELASTICSEARCH_URL points at your own server: skipping the tests that restart Elasticsearch"; \
+	else eval "$$(scripts/services env)" && go test -race -count=1 -timeout 20m -tags restart -run TestRestart ./indexer/; fi
 
 test-unit: ## Unit tests only, no servers needed
 	OUTBOXD_UNIT_ONLY=1 go test -short -race $(TESTFLAGS) $(PKGS)
