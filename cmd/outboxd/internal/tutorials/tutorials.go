@@ -85,19 +85,37 @@ func writeHeaders(r *http.Request) (user, key string, e *APIError) {
 	return user, key, nil
 }
 
+// writeRequest is what every write handler reads before claiming its key.
+type writeRequest struct {
+	user, key, id string
+	payload       []byte
+}
+
+// readWrite reads the headers, the path id (when withID) and the body of a
+// write, answering the error itself; ok is false when it did.
+func readWrite(w http.ResponseWriter, r *http.Request, withID bool) (req writeRequest, ok bool) {
+	var e *APIError
+	if req.user, req.key, e = writeHeaders(r); e == nil && withID {
+		req.id, e = pathID(r)
+	}
+	if e == nil {
+		req.payload, e = readBody(w, r)
+	}
+	if e != nil {
+		writeError(w, e)
+		return req, false
+	}
+	return req, true
+}
+
 // create is POST /api/tutorials. Invalid input is refused before the key
 // is claimed, so a client can fix its payload and reuse the key.
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
-	user, key, e := writeHeaders(r)
-	if e != nil {
-		writeError(w, e)
+	req, ok := readWrite(w, r, false)
+	if !ok {
 		return
 	}
-	payload, e := readBody(w, r)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
+	user, key, payload := req.user, req.key, req.payload
 	var in createInput
 	if e := decodeStrict(payload, &in); e != nil {
 		writeError(w, e)
@@ -146,21 +164,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 // update is PUT /api/tutorials/{id}: a full replacement by the author. The
 // UPDATE bumps the version it returns, so the event's version is the row's.
 func (s *Server) update(w http.ResponseWriter, r *http.Request) {
-	user, key, e := writeHeaders(r)
-	if e != nil {
-		writeError(w, e)
+	req, ok := readWrite(w, r, true)
+	if !ok {
 		return
 	}
-	id, e := pathID(r)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	payload, e := readBody(w, r)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
+	user, key, id, payload := req.user, req.key, req.id, req.payload
 	var in updateInput
 	if e := decodeStrict(payload, &in); e != nil {
 		writeError(w, e)
@@ -193,21 +201,11 @@ func (s *Server) update(w http.ResponseWriter, r *http.Request) {
 // version, and a delete event at that version, so no older update that
 // arrives late can bring the document back.
 func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
-	user, key, e := writeHeaders(r)
-	if e != nil {
-		writeError(w, e)
+	req, ok := readWrite(w, r, true)
+	if !ok {
 		return
 	}
-	id, e := pathID(r)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	payload, e := readBody(w, r)
-	if e != nil {
-		writeError(w, e)
-		return
-	}
+	user, key, id, payload := req.user, req.key, req.id, req.payload
 	s.idempotent(w, r, user, key, payload, func(ctx context.Context, tx pgx.Tx) (result, error) {
 		var version int64
 		err := tx.QueryRow(ctx, `UPDATE `+s.table+`
