@@ -3,12 +3,15 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/relay"
 )
@@ -193,6 +196,54 @@ func TestRelayFailures(t *testing.T) {
 				t.Fatalf("source %s: version %d delivered after %d", ev.SourceID, ev.Version, last[ev.SourceID])
 			}
 			last[ev.SourceID] = ev.Version
+		}
+	})
+
+	t.Run("reusing a stream name with another index filter is refused, never skipping the events it left out", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		cfg := e.config(sink)
+		cfg.Streams = []relay.Stream{{Name: "s", BucketLo: 0, BucketHi: 1023, Indexes: []string{"a"}}}
+		stop := start(t, cfg)
+		ctx := context.Background()
+		idA, _ := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "a", SourceID: "x", Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+		eventually(t, 10*time.Second, "a delivered", func() bool { return sink.has(idA) })
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		cfg.Streams[0].Indexes = nil
+		cfg.Registerer = prometheus.NewRegistry()
+		r, err := relay.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := r.Run(runCtx); err == nil || !strings.Contains(err.Error(), "index filter") {
+			t.Fatalf("Run = %v, want a refusal naming the index filter", err)
+		}
+	})
+
+	t.Run("a stored position ahead of the database's transaction counter stops the stream", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		ctx := context.Background()
+		_, err := e.pool.Exec(ctx, `INSERT INTO "`+e.schema+`".progress (stream, done_snapshot) VALUES ('default', '900000000000:900000000000:')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := relay.New(e.config(sink))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		err = r.Run(runCtx)
+		var pe *relay.PositionError
+		if !errors.As(err, &pe) {
+			t.Fatalf("Run = %v, want a PositionError", err)
 		}
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -29,6 +30,17 @@ func IsProgressError(err error) bool {
 	return errors.As(err, &pe)
 }
 
+// PositionError means a stream's stored position cannot be trusted against
+// the database it reads; the relay stops rather than skip or replay.
+type PositionError struct {
+	Stream string
+	Reason string
+}
+
+func (e *PositionError) Error() string {
+	return fmt.Sprintf("relay: stream %s: %s", e.Stream, e.Reason)
+}
+
 // loadProgress registers the stream if it is new (starting from the empty
 // snapshot, i.e. every retained event) and returns its stored position.
 func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) (position, error) {
@@ -47,14 +59,22 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 	var cx *uint64
 	var cid *int64
 	var lo, hi int16
-	err = conn.QueryRow(ctx, `SELECT done_snapshot::text, batch_snapshot::text, cursor_xid, cursor_id, bucket_lo, bucket_hi
-		FROM `+schema+`.progress WHERE stream = $1`, s.Name).Scan(&done, &batch, &cx, &cid, &lo, &hi)
+	var stored []string
+	err = conn.QueryRow(ctx, `SELECT done_snapshot::text, batch_snapshot::text, cursor_xid, cursor_id, bucket_lo, bucket_hi, indexes
+		FROM `+schema+`.progress WHERE stream = $1`, s.Name).Scan(&done, &batch, &cx, &cid, &lo, &hi, &stored)
 	if err != nil {
 		return position{}, fmt.Errorf("relay: load progress of %s: %w", s.Name, err)
 	}
 	if int(lo) != s.BucketLo || int(hi) != s.BucketHi {
 		return position{}, fmt.Errorf("relay: stream %s: stored bucket range %d..%d differs from configured %d..%d; use a new stream name when changing partitions",
 			s.Name, lo, hi, s.BucketLo, s.BucketHi)
+	}
+	// A stream's position covers the events its filter selected and no
+	// others: reading with another filter under the same name would treat
+	// events it never delivered as acknowledged.
+	if !sameSet(stored, s.Indexes) {
+		return position{}, fmt.Errorf("relay: stream %s: stored index filter %v differs from configured %v; use a new stream name when changing --indexes",
+			s.Name, stored, s.Indexes)
 	}
 	var p position
 	if p.done, err = ParseSnapshot(done); err != nil {
@@ -104,4 +124,11 @@ func storeProgress(ctx context.Context, conn *pgx.Conn, schema, schemaName, stre
 		return &ProgressError{Stream: stream, Err: err}
 	}
 	return nil
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(slices.Compact(a), slices.Compact(b))
 }

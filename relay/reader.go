@@ -66,6 +66,7 @@ type page struct {
 	events []Event
 	bytes  int
 	pos    position
+	err    error // a read failure the stream cannot go on from
 }
 
 // reader reads a stream's committed events in snapshot batches, PgQ style:
@@ -158,6 +159,12 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 	snap, err := ParseSnapshot(text)
 	if err != nil {
 		return page{}, err
+	}
+	if snap.Xmax < r.pos.done.Xmax {
+		// xid8 never goes backwards in one cluster; it does after a dump
+		// and restore into another. Guessing would skip or replay events.
+		return page{}, &PositionError{Stream: r.stream.Name, Reason: fmt.Sprintf(
+			"the database's transaction counter (%d) is behind the stored position (%d): was it restored or replaced? Reset the stream's progress deliberately", snap.Xmax, r.pos.done.Xmax)}
 	}
 	if snap.Xmax == r.pos.done.Xmax && len(finishedSince(r.pos.done, snap)) == 0 {
 		// Nothing has committed since done: skip the events query.

@@ -63,6 +63,10 @@ func (w *streamWriter) run(ctx context.Context) error {
 			if !ok {
 				return w.flush(wctx)
 			}
+			if p.err != nil {
+				w.r.log.Error("relay: stopping the stream", "stream", name, "err", p.err)
+				return p.err
+			}
 			m.pagesInFlight.WithLabelValues(name).Set(float64(len(pages)))
 			if err := w.handle(wctx, p); err != nil {
 				if errors.Is(err, errShutdown) {
@@ -216,6 +220,14 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	last := rd.pos
 	for {
 		p, err := rd.next(ctx)
+		var fatal *PositionError
+		if errors.As(err, &fatal) {
+			select {
+			case out <- page{err: err}:
+			case <-ctx.Done():
+			}
+			return
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
