@@ -20,10 +20,9 @@ const purgePage = 1000
 // PurgeTombstones deletes the tombstones of the write alias name that are
 // older than olderThan, and returns how many it deleted.
 //
-// Each delete carries the tombstone's own version with external_gte, so it
-// only succeeds while the tombstone is still the stored version: a document
-// re-upserted at a higher version since the search answers 409 and is left
-// alone. After the purge an upsert older than the delete would bring the
+// Each delete is conditional on the tombstone being unchanged since the
+// search (if_seq_no + if_primary_term): a document written since, at any
+// version, answers 409 and is left alone. After the purge an upsert older than the delete would bring the
 // document back, so olderThan must exceed the longest time an event can
 // spend between its outbox commit and the sink (outages, dead letters
 // retried by hand): days, not minutes.
@@ -35,13 +34,13 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 		return 0, fmt.Errorf("indexer: purge: older_than: must not be negative, got %s", olderThan)
 	}
 	cutoff := time.Now().Add(-olderThan).UTC().Format("2006-01-02T15:04:05.000Z")
-	query := `{"size":` + strconv.Itoa(purgePage) + `,"_source":false,"version":true,"sort":["_doc"],` +
+	query := `{"size":` + strconv.Itoa(purgePage) + `,"_source":false,"version":true,"seq_no_primary_term":true,"sort":["_doc"],` +
 		`"query":{"bool":{"filter":[{"term":{"outboxd_deleted":true}},{"range":{"outboxd_deleted_at":{"lt":"` + cutoff + `"}}}]}}}`
 	// A scroll, not search_after: sorting by _id needs fielddata that
 	// Elasticsearch 8 disables, and _doc order is only stable inside a
 	// scroll context. Deleting while scrolling is fine: the scroll reads a
 	// snapshot.
-	filter := []string{"_scroll_id", "hits.hits._index", "hits.hits._id", "hits.hits._version"}
+	filter := []string{"_scroll_id", "hits.hits._index", "hits.hits._id", "hits.hits._version", "hits.hits._seq_no", "hits.hits._primary_term"}
 	raw, err := perform(ctx, es, "purge: search tombstones", esapi.SearchRequest{
 		Index:      []string{name},
 		Body:       strings.NewReader(query),
@@ -93,14 +92,18 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 }
 
 type tombstoneHit struct {
-	Index   string `json:"_index"`
-	ID      string `json:"_id"`
-	Version int64  `json:"_version"`
+	Index       string `json:"_index"`
+	ID          string `json:"_id"`
+	Version     int64  `json:"_version"`
+	SeqNo       int64  `json:"_seq_no"`
+	PrimaryTerm int64  `json:"_primary_term"`
 }
 
-// deleteTombstones deletes one page of tombstones, each only at its own
-// version. A 409 means a newer version was indexed meanwhile and a 404 that
-// someone else purged it: both are skipped, not errors.
+// deleteTombstones deletes one page of tombstones, each only if it is still
+// the very write the search saw (if_seq_no + if_primary_term): a version
+// check alone would also delete a live document written since at the
+// tombstone's own version. A 409 means the document changed meanwhile and
+// a 404 that someone else purged it: both are skipped, not errors.
 func deleteTombstones(ctx context.Context, es *elasticsearch.Client, hits []tombstoneHit) (int, error) {
 	b := make([]byte, 0, 128*len(hits))
 	for _, h := range hits {
@@ -108,9 +111,11 @@ func deleteTombstones(ctx context.Context, es *elasticsearch.Client, hits []tomb
 		b = appendString(b, h.Index)
 		b = append(b, `,"_id":`...)
 		b = appendString(b, h.ID)
-		b = append(b, `,"version":`...)
-		b = strconv.AppendInt(b, h.Version, 10)
-		b = append(b, `,"version_type":"external_gte"}}`+"\n"...)
+		b = append(b, `,"if_seq_no":`...)
+		b = strconv.AppendInt(b, h.SeqNo, 10)
+		b = append(b, `,"if_primary_term":`...)
+		b = strconv.AppendInt(b, h.PrimaryTerm, 10)
+		b = append(b, "}}\n"...)
 	}
 	raw, err := perform(ctx, es, "purge: bulk delete", esapi.BulkRequest{
 		Body:       bytes.NewReader(b),

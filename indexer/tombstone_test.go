@@ -2,9 +2,12 @@ package indexer
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/elastic/go-elasticsearch/v8"
 
 	"github.com/outboxd/outboxd/relay"
 )
@@ -45,21 +48,28 @@ func TestPurgeTombstones(t *testing.T) {
 		}
 	})
 
-	t.Run("a tombstone re-upserted after the search is never deleted", func(t *testing.T) {
+	t.Run("a tombstone re-upserted after the search is never deleted, even at its own version", func(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		s := newSink(t, Options{Client: es})
-		mustWrite(t, s, del(name, "a", 5), del(name, "b", 5))
-		// The search saw both tombstones at version 5; "a" then came back
-		// at version 6 before the deletes ran.
+		mustWrite(t, s, del(name, "a", 5), del(name, "b", 5), del(name, "c", 5))
+		// The search saw the three tombstones; then "a" came back at a
+		// higher version and "c" at the tombstone's own version (a
+		// producer reusing a version: the later write wins).
+		hits := []tombstoneHit{seen(t, es, name, "a"), seen(t, es, name, "b"), seen(t, es, name, "c")}
 		mustWrite(t, s, upsert(name, "a", 6, `{"v":6}`))
-		hits := []tombstoneHit{{FirstIndex(name), "a", 5}, {FirstIndex(name), "b", 5}}
+		if got := statuses(mustWrite(t, s, upsert(name, "c", 5, `{"v":5}`))); got != "applied" {
+			t.Fatalf("same-version upsert over the tombstone: %s", got)
+		}
 		n, err := deleteTombstones(context.Background(), es, hits)
 		if err != nil || n != 1 {
 			t.Fatalf("deleted %d, %v; want 1", n, err)
 		}
 		if d := getDoc(t, es, name, "a"); !d.Found || d.Version != 6 {
 			t.Fatalf("re-upserted document lost: %+v", d)
+		}
+		if d := getDoc(t, es, name, "c"); !d.Found || isTombstone(d.Source) {
+			t.Fatalf("document written at the tombstone's version was purged: %+v", d)
 		}
 		if d := getDoc(t, es, name, "b"); d.Found {
 			t.Fatalf("tombstone b not purged")
@@ -104,4 +114,18 @@ func TestPing(t *testing.T) {
 	if err := Ping(context.Background(), dead); err == nil {
 		t.Fatal("ping of a dead address succeeded")
 	}
+}
+
+// seen is a tombstone as the purge's search reports it.
+func seen(t *testing.T, es *elasticsearch.Client, name, id string) tombstoneHit {
+	t.Helper()
+	st, b := esCall(t, es, "GET", "/"+name+"/_doc/"+id, "")
+	if st != 200 {
+		t.Fatalf("get %s: %d %s", id, st, b)
+	}
+	var h tombstoneHit
+	if err := json.Unmarshal(b, &h); err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
