@@ -199,7 +199,7 @@ func TestSinkFaults(t *testing.T) {
 		}
 	})
 
-	t.Run("a whole bulk answered 429 is retried", func(t *testing.T) {
+	t.Run("a whole bulk answered 429 is retried as an outage that never uses up the events' attempts", func(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		p := newFaultProxy(t)
@@ -207,7 +207,7 @@ func TestSinkFaults(t *testing.T) {
 		mustWrite(t, s, upsert(name, "warm", 1, `{}`)) // bootstrap outside the fault
 		p.throttleAll.Store(1)
 		out := mustWrite(t, s, upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`))
-		if got := statuses(out); got != "retry retry" || !strings.Contains(out[0].Reason, "es_rejected_execution_exception") {
+		if got := statuses(out); got != "retry retry" || !strings.Contains(out[0].Reason, "es_rejected_execution_exception") || !out[0].Outage || !out[1].Outage {
 			t.Fatalf("got %s %+v", got, out)
 		}
 		if got := statuses(mustWrite(t, s, upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`))); got != "applied applied" {

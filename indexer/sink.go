@@ -210,13 +210,15 @@ func bootstrapOutcome(w *write, err error) relay.Outcome {
 		return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
 	case errors.As(err, &re):
 		w.answered()
-		if re.Status == 429 || re.Status >= 500 {
-			return relay.Outcome{Status: relay.Retry, Reason: err.Error()}
+		if re.Status == http.StatusBadRequest {
+			return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
 		}
-		return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
+		// 401/403/404 (credentials, a proxy path), 408, 429, 5xx: the
+		// cluster's or the configuration's fault, never the events'.
+		return relay.Outcome{Status: relay.Retry, Reason: err.Error(), Outage: true}
 	}
 	w.unreachable(err)
-	return relay.Outcome{Status: relay.Retry, Reason: err.Error()}
+	return relay.Outcome{Status: relay.Retry, Reason: err.Error(), Outage: true}
 }
 
 // checkEvent returns why e can never be indexed, or "".
@@ -349,7 +351,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	if err != nil {
 		s.observe("unreachable", started)
 		w.unreachable(err)
-		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk request: " + err.Error()})
+		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk request: " + err.Error(), Outage: true})
 		return
 	}
 	rb := getBody()
@@ -359,7 +361,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	switch {
 	case err != nil:
 		s.observe("unreachable", started)
-		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk response: " + err.Error()})
+		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk response: " + err.Error(), Outage: true})
 	case res.StatusCode == http.StatusOK:
 		if allSucceeded(body) {
 			s.observe("ok", started)
@@ -377,10 +379,12 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	default:
 		s.observe("http_error", started)
 		re := responseError("bulk", res.StatusCode, body)
-		o := relay.Outcome{Status: relay.Retry, Reason: re.Error()}
+		// A whole request refused with 408, 429 or 5xx is the cluster's
+		// state (overloaded, recovering, no master), not the events'.
+		o := relay.Outcome{Status: relay.Retry, Reason: re.Error(), Outage: true}
 		switch {
 		case res.StatusCode == http.StatusBadRequest || res.StatusCode == http.StatusRequestEntityTooLarge:
-			o.Status = relay.Rejected
+			o = relay.Outcome{Status: relay.Rejected, Reason: re.Error()}
 		case res.StatusCode != 429 && res.StatusCode != 408 && res.StatusCode < 500:
 			// 401, 403, 404 of the whole request: the sink is misconfigured
 			// (credentials, proxy path), not the events; never dead-letter

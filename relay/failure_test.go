@@ -246,4 +246,29 @@ func TestRelayFailures(t *testing.T) {
 			t.Fatalf("Run = %v, want a PositionError", err)
 		}
 	})
+
+	t.Run("a sink outage reported per event is retried past the attempt limit, never dead-lettered", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newRecordingSink()
+		var calls atomic.Int64
+		sink.outcome = func(ev relay.Event) relay.Outcome {
+			if calls.Add(1) <= 12 {
+				return relay.Outcome{Status: relay.Retry, Reason: "bulk: 503 cluster_block_exception", Outage: true}
+			}
+			return relay.Outcome{Status: relay.Applied}
+		}
+		cfg := e.config(sink)
+		cfg.MaxAttempts = 3
+		start(t, cfg)
+		ids := e.append(t, 1)
+		eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sink.has(ids[0]) })
+		var dead int
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".dead_letters`).Scan(&dead); err != nil {
+			t.Fatal(err)
+		}
+		if dead != 0 {
+			t.Fatalf("an outage dead-lettered %d events", dead)
+		}
+	})
 }

@@ -38,6 +38,11 @@ func (s Status) String() string {
 type Outcome struct {
 	Status Status
 	Reason string // why, for Retry and Rejected
+	// Outage marks a Retry that is the sink's fault, not the event's (a
+	// whole request answered 503 or 429, a connection that failed while
+	// other requests of the same Write got through): the relay retries it
+	// with backoff without limit, never charging the event's attempts.
+	Outage bool
 }
 
 // Sink receives events. The relay calls Write from one goroutine at a time

@@ -158,9 +158,9 @@ func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLette
 			}
 			continue
 		}
-		sinkFailures = 0
 		now := time.Now()
 		var next []Event
+		outage := "" // a reason when the sink reported an outage
 		for i, o := range outs {
 			e := pending[i]
 			switch o.Status {
@@ -176,6 +176,11 @@ func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLette
 					reason = fmt.Sprintf("sink returned no valid outcome (%d): %s", o.Status, o.Reason)
 				}
 				m.events.WithLabelValues(name, e.IndexName, "retried").Inc()
+				if o.Status == Retry && o.Outage {
+					outage = reason
+					next = append(next, e)
+					continue
+				}
 				attempts[e.ID]++
 				if _, ok := firsts[e.ID]; !ok {
 					firsts[e.ID] = now
@@ -189,6 +194,17 @@ func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLette
 			}
 		}
 		pending = next
+		if outage != "" {
+			m.sinkErrors.WithLabelValues(name).Inc()
+			d := backoff(cfg.BackoffBase, cfg.BackoffMax, sinkFailures)
+			sinkFailures++
+			w.r.log.Error("relay: sink outage; retrying without charging the events", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "reason", outage)
+			if !sleep(ctx, d) {
+				return nil, errShutdown
+			}
+			continue
+		}
+		sinkFailures = 0
 		if len(pending) > 0 {
 			d := backoff(cfg.BackoffBase, cfg.BackoffMax, rounds)
 			rounds++
