@@ -185,14 +185,16 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 	var p page
 	full := false
 	for rows.Next() {
-		var e Event
-		var op string
-		var doc, headers []byte
-		if err := rows.Scan(&e.ID, &e.XID, &e.IndexName, &e.SourceID, &e.Version, &op, &doc, &e.EventType, &headers, &e.OccurredAt, &e.CreatedAt); err != nil {
+		if p.events == nil {
+			// Allocated on the first row: idle polls find none.
+			p.events = make([]Event, 0, min(r.maxDocs, 4096))
+		}
+		p.events = append(p.events, Event{})
+		e := &p.events[len(p.events)-1]
+		if err := rows.Scan(&e.ID, &e.XID, &e.IndexName, &e.SourceID, &e.Version, (*string)(&e.Op), (*[]byte)(&e.Document),
+			&e.EventType, (*[]byte)(&e.Headers), &e.OccurredAt, &e.CreatedAt); err != nil {
 			return page{}, fmt.Errorf("relay: read events: %w", err)
 		}
-		e.Op, e.Document, e.Headers = Op(op), doc, headers
-		p.events = append(p.events, e)
 		p.bytes += e.Size()
 		if len(p.events) >= r.maxDocs || p.bytes >= r.maxBytes {
 			// A byte-capped page stops early; the cursor marks where.

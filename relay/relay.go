@@ -24,7 +24,7 @@ type Config struct {
 	// the whole outbox. See Partitions.
 	Streams []Stream
 
-	MaxBatchDocs  int // events per page handed to the sink; default 2000
+	MaxBatchDocs  int // events per page handed to the sink; default 8000
 	MaxBatchBytes int // approximate bytes per page; default 8 MiB
 	Prefetch      int // pages read ahead of the sink; default 2
 
@@ -38,6 +38,7 @@ type Config struct {
 	LeaseInterval    time.Duration // how often a standby tries to take over; default 1s
 	ShutdownTimeout  time.Duration // grace for in-flight writes on shutdown; default 10s
 	ProgressInterval time.Duration // how often progress over empty batches is stored; default 1s
+	StoreInterval    time.Duration // how often progress over delivered events is stored; default 100ms
 
 	// Wakeup makes idle read loops wake on NOTIFY from the outbox's
 	// optional trigger (see <schema>.enable_wakeup()) instead of waiting
@@ -65,7 +66,7 @@ func (c *Config) setDefaults() {
 	if len(c.Streams) == 0 {
 		c.Streams, _ = Partitions("default", 1)
 	}
-	defInt(&c.MaxBatchDocs, 2000)
+	defInt(&c.MaxBatchDocs, 8000)
 	defInt(&c.MaxBatchBytes, 8<<20)
 	defInt(&c.Prefetch, 2)
 	defInt(&c.MaxAttempts, 10)
@@ -76,6 +77,7 @@ func (c *Config) setDefaults() {
 	def(&c.LeaseInterval, time.Second)
 	def(&c.ShutdownTimeout, 10*time.Second)
 	def(&c.ProgressInterval, time.Second)
+	def(&c.StoreInterval, 100*time.Millisecond)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

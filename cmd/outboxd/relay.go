@@ -39,6 +39,7 @@ type relayFlags struct {
 	backoffBase, backoffMax time.Duration
 	minPoll, maxPoll        time.Duration
 	lease, shutdown         time.Duration
+	storeInterval           time.Duration
 	adminAddr, adminToken   string
 	retention               time.Duration
 	retentionSchedule       string
@@ -63,7 +64,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.IntVar(&f.partitions, "partitions", 1, "split the outbox into N streams by hash of source_id; relays share them fairly")
 	fs.StringVar(&f.streamPrefix, "stream", "default", "stream name (prefix of partition names)")
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
-	fs.IntVar(&f.batchDocs, "batch-docs", 2000, "events per page read from the outbox and handed to the sink")
+	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
 	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "approximate bytes per page")
 	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (bounds memory with batch-bytes)")
 	fs.IntVar(&f.bulkDocs, "bulk-docs", 1000, "documents per Elasticsearch bulk request")
@@ -76,6 +77,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&f.minPoll, "min-poll", 2*time.Millisecond, "first wait after an empty poll")
 	fs.DurationVar(&f.maxPoll, "max-poll", 100*time.Millisecond, "longest wait between polls when idle")
 	fs.BoolVar(&f.wakeup, "wakeup", false, "also wake on NOTIFY from the outbox (enable with SELECT <schema>.enable_wakeup()); adds a NOTIFY per writing transaction")
+	fs.DurationVar(&f.storeInterval, "store-interval", 100*time.Millisecond, "how often progress is stored while events flow (a crash re-delivers at most this much)")
 	fs.DurationVar(&f.lease, "lease-interval", time.Second, "how often a standby tries to take over a stream")
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 10*time.Second, "grace for in-flight writes after the first signal")
 	fs.StringVar(&f.adminAddr, "admin-addr", admin.DefaultAddr, "admin HTTP address (dashboard, /metrics, /healthz, /readyz); empty disables")
@@ -138,7 +140,7 @@ func runRelay(ctx context.Context, args []string) error {
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch,
 		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
-		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup,
+		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup, StoreInterval: f.storeInterval,
 		Registerer: reg, Logger: log,
 	})
 	if err != nil {
