@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// config holds every knob of a run. Each flag can also be set as
+// BENCH_<FLAG> in the environment (dashes become underscores); the
+// command line wins.
+type config struct {
+	scenarios string
+
+	pageDocs int // relay MaxBatchDocs
+	prefetch int
+
+	loadTx      int // events per loading transaction
+	loadWorkers int
+
+	drainN    int
+	naiveN    int
+	naiveTime time.Duration
+	peerN     int
+
+	walN      int
+	walRepeat int
+
+	latRate     int
+	latDuration time.Duration
+	latWarmup   time.Duration
+	latWorkers  int
+
+	rssSizes string
+
+	e2eN        int
+	e2eNaiveN   int
+	e2ePageDocs int
+	bulkDocs    int
+	bulkWorkers int
+
+	profileDir string
+	childGOGC  string
+	keep       bool
+}
+
+func parseConfig(args []string) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e (comma-separated, or all).\n\nFlags:")
+		fs.PrintDefaults()
+	}
+	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envString(name, def), usage) }
+	num := func(p *int, name string, def int, usage string) { fs.IntVar(p, name, envInt(name, def), usage) }
+	dur := func(p *time.Duration, name string, def time.Duration, usage string) {
+		fs.DurationVar(p, name, envDuration(name, def), usage)
+	}
+	str(&c.scenarios, "scenarios", "all", "scenarios to run: drain,wal,latency,rss,e2e or all")
+	num(&c.pageDocs, "page-docs", 2000, "relay page size (MaxBatchDocs) for the no-op drains")
+	num(&c.prefetch, "prefetch", 2, "relay Prefetch")
+	num(&c.loadTx, "load-tx", 1000, "events per transaction when loading a backlog")
+	num(&c.loadWorkers, "load-workers", 2, "parallel loading connections")
+	num(&c.drainN, "drain-n", 200_000, "drain: backlog size for the relay")
+	num(&c.naiveN, "naive-n", 10_000, "drain: backlog size for the naive one-event-per-transaction relay")
+	dur(&c.naiveTime, "naive-time", 15*time.Second, "drain: stop the naive relay after this long and report its rate so far")
+	num(&c.peerN, "peer-n", 200_000, "drain: backlog size for the claim-and-DELETE batch loop (0 skips it)")
+	num(&c.walN, "wal-n", 200_000, "wal: backlog size")
+	num(&c.walRepeat, "wal-repeat", 3, "wal: drains of the same backlog; the minimum is reported (other writers only add WAL)")
+	num(&c.latRate, "lat-rate", 1000, "latency: events per second, one per transaction")
+	dur(&c.latDuration, "lat-duration", 20*time.Second, "latency: measured time per phase (the issue's recorded run: 60s)")
+	dur(&c.latWarmup, "lat-warmup", 2*time.Second, "latency: events produced before measuring")
+	num(&c.latWorkers, "lat-workers", 24, "latency: producer connections the paced ticker hands events to")
+	str(&c.rssSizes, "rss-sizes", "200000,1000000", "rss: backlog sizes drained by a relay child process (recorded run: 1000000,5000000)")
+	num(&c.e2eN, "e2e-n", 100_000, "e2e: documents through outbox -> relay -> Elasticsearch and through the raw _bulk loader")
+	num(&c.e2eNaiveN, "e2e-naive-n", 3_000, "e2e: documents through the naive one-request-per-event sink")
+	num(&c.e2ePageDocs, "e2e-page-docs", 4000, "e2e: relay page size; bulk-docs x bulk-workers keeps every worker busy")
+	num(&c.bulkDocs, "bulk-docs", 1000, "e2e: documents per bulk request (sink and raw loader alike)")
+	num(&c.bulkWorkers, "bulk-workers", 4, "e2e: bulk requests in flight (sink and raw loader alike)")
+	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
+	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
+	fs.BoolVar(&c.keep, "keep", envBool("keep"), "keep schemas and indices (for inspection)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	for name, v := range map[string]int{"drain-n": c.drainN, "naive-n": c.naiveN, "wal-n": c.walN, "wal-repeat": c.walRepeat,
+		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
+		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
+		"load-tx": c.loadTx, "load-workers": c.loadWorkers} {
+		if v < 1 {
+			return nil, fmt.Errorf("%s: must be >= 1, got %d", name, v)
+		}
+	}
+	if c.peerN < 0 {
+		return nil, fmt.Errorf("peer-n: must be >= 0, got %d", c.peerN)
+	}
+	if _, err := c.rss(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *config) rss() ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(c.rssSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("rss-sizes: %q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func (c *config) selected() (map[string]bool, error) {
+	all := []string{"drain", "wal", "latency", "rss", "e2e"}
+	out := map[string]bool{}
+	for _, s := range strings.Split(c.scenarios, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "all":
+			for _, a := range all {
+				out[a] = true
+			}
+		case "drain", "wal", "latency", "rss", "e2e":
+			out[s] = true
+		default:
+			return nil, fmt.Errorf("scenarios: unknown scenario %q (want %s or all)", s, strings.Join(all, ","))
+		}
+	}
+	return out, nil
+}
+
+func run(ctx context.Context, args []string) error {
+	cfg, err := parseConfig(args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	sel, err := cfg.selected()
+	if err != nil {
+		return err
+	}
+	b, err := newBench(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer b.cleanup()
+
+	b.rep.header(fmt.Sprintf("outboxd benchmark  %s  %s/%s  %d CPUs  %s", time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), b.serverInfo(ctx)))
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"drain", b.drainScenario},
+		{"wal", b.walScenario},
+		{"latency", b.latencyScenario},
+		{"rss", b.rssScenario},
+		{"e2e", b.e2eScenario},
+	}
+	var failed []string
+	for _, s := range steps {
+		if !sel[s.name] {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		start := time.Now()
+		b.rep.section(s.name)
+		if err := s.fn(ctx); err != nil {
+			b.rep.line("ERROR: %v", err)
+			failed = append(failed, s.name)
+		}
+		b.rep.line("(%s took %s)", s.name, time.Since(start).Round(time.Second))
+		b.cleanupSchemas()
+	}
+	b.rep.summary()
+	if len(failed) > 0 {
+		return fmt.Errorf("scenarios failed: %s", strings.Join(failed, ", "))
+	}
+	return ctx.Err()
+}
+
+func envKey(name string) string {
+	return "BENCH_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+func envString(name, def string) string {
+	if v, ok := os.LookupEnv(envKey(name)); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v := envString(name, ""); v != "" {
+		if n, err := strconv.Atoi(strings.ReplaceAll(v, "_", "")); err == nil {
+			return n
+		}
+		fmt.Fprintf(os.Stderr, "benchharness: %s=%q is not a number; using %d\n", envKey(name), v, def)
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := envString(name, ""); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+		fmt.Fprintf(os.Stderr, "benchharness: %s=%q is not a duration; using %s\n", envKey(name), v, def)
+	}
+	return def
+}
+
+func envBool(name string) bool {
+	v, _ := strconv.ParseBool(envString(name, "false"))
+	return v
+}
