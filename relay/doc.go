@@ -30,18 +30,20 @@
 // # Acknowledgement
 //
 // Progress is an acknowledgement boundary. A batch is delivered in pages in
-// (xid, id) order; after the sink gives every event of a page a terminal
-// outcome (applied, stale, or parked as a dead letter) the page's end is
-// stored as (done, batch snapshot, cursor) in the progress table, in the
-// same transaction as its dead letters. Pages are acknowledged in reading
-// order, never in completion order. A crash anywhere re-delivers what came
+// (xid, id) order; once the sink has given every event of a page, and of
+// every page before it, a terminal outcome (applied, stale, or parked as a
+// dead letter), the page's end may be stored as (done, batch snapshot,
+// cursor) in the progress table, in the same transaction as its dead
+// letters. Pages are acknowledged in reading order, never in completion
+// order; stores are coalesced to one per Config.StoreInterval. A crash anywhere re-delivers what came
 // after the stored position: delivery is at least once, so Sink.Write must
 // be idempotent. A failure to store progress stops the stream with a
 // *ProgressError; it is never swallowed.
 //
-// Events of one source_id always fall in one stream and reach the sink in
-// commit order, but a sink must not rely on order: retries, replays and
-// failovers re-deliver older events. The versions carried by the events
+// Pages are acknowledged in order, but up to Config.InFlight of them are at
+// the sink at once, so a sink must not rely on order (with InFlight 1,
+// events of one source_id reach it in commit order). Retries, replays and
+// failovers re-deliver older events anyway. The versions carried by the events
 // are what make the result exact (see package indexer).
 //
 // # Failures

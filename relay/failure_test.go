@@ -164,12 +164,13 @@ func TestRelayFailures(t *testing.T) {
 		}
 	})
 
-	t.Run("events of one source reach the sink in commit order", func(t *testing.T) {
+	t.Run("with one page in flight, events of one source reach the sink in commit order", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		sink := newRecordingSink()
 		cfg := e.config(sink)
 		cfg.MaxBatchDocs = 7 // many pages and batches
+		cfg.InFlight = 1     // order across pages is only kept with one page at the sink
 		start(t, cfg)
 		ctx := context.Background()
 		var wg sync.WaitGroup

@@ -27,6 +27,7 @@ type Config struct {
 	MaxBatchDocs  int // events per page handed to the sink; default 8000
 	MaxBatchBytes int // approximate bytes per page; default 8 MiB
 	Prefetch      int // pages read ahead of the sink; default 2
+	InFlight      int // pages at the sink at once, acknowledged in order; default 3
 
 	MinPollInterval time.Duration // first wait after an empty poll; default 2ms
 	MaxPollInterval time.Duration // longest idle wait; default 100ms
@@ -69,6 +70,7 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxBatchDocs, 8000)
 	defInt(&c.MaxBatchBytes, 8<<20)
 	defInt(&c.Prefetch, 2)
+	defInt(&c.InFlight, 3)
 	defInt(&c.MaxAttempts, 10)
 	def(&c.MinPollInterval, 2*time.Millisecond)
 	def(&c.MaxPollInterval, 100*time.Millisecond)

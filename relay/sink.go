@@ -45,8 +45,10 @@ type Outcome struct {
 	Outage bool
 }
 
-// Sink receives events. The relay calls Write from one goroutine at a time
-// with events in reading order; a sink may process them in parallel.
+// Sink receives events. The relay may call Write concurrently, with up to
+// Config.InFlight pages at once (each page's events in reading order), and
+// acknowledges the pages in reading order whatever order they finish in;
+// a sink may also process one page's events in parallel.
 //
 // Write may see an event more than once (after a crash, a failover, a
 // retry or a replay); it must be idempotent. It returns one Outcome per

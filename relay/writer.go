@@ -58,10 +58,24 @@ func (w *streamWriter) run(ctx context.Context) error {
 	defer balance.Stop()
 	flushTick := time.NewTicker(cfg.StoreInterval)
 	defer flushTick.Stop()
+
+	// Up to InFlight pages are at the sink at once (versions make their
+	// order irrelevant to the result); they are acknowledged strictly in
+	// reading order, so progress never passes a page still in flight.
+	var queue []*inflight
 	for {
+		var head chan struct{}
+		if len(queue) > 0 {
+			head = queue[0].done
+		}
+		var in <-chan page
+		if len(queue) < cfg.InFlight {
+			in = pages
+		}
+		m.pagesInFlight.WithLabelValues(name).Set(float64(len(queue)))
 		select {
 		case <-ctx.Done():
-			return w.flush(wctx)
+			return w.drain(context.WithoutCancel(ctx), queue)
 		case <-flushTick.C:
 			if w.pendingAcked > 0 {
 				if err := w.flush(wctx); err != nil {
@@ -71,46 +85,76 @@ func (w *streamWriter) run(ctx context.Context) error {
 		case <-balance.C:
 			if w.r.yieldExtra(ctx, w.member, name) {
 				w.r.log.Info("relay: handing stream to another relay for balance", "stream", name)
-				return w.flush(wctx)
+				return w.drain(context.WithoutCancel(ctx), queue)
 			}
-		case p, ok := <-pages:
+		case <-head:
+			f := queue[0]
+			queue = queue[1:]
+			if f.err != nil { // only errShutdown: the grace period ran out
+				return w.drain(context.WithoutCancel(ctx), nil)
+			}
+			if err := w.complete(wctx, f); err != nil {
+				return err
+			}
+		case p, ok := <-in:
 			if !ok {
-				return w.flush(wctx)
+				return w.drain(context.WithoutCancel(ctx), queue)
 			}
 			if p.err != nil {
 				w.r.log.Error("relay: stopping the stream", "stream", name, "err", p.err)
 				return p.err
 			}
-			m.pagesInFlight.WithLabelValues(name).Set(float64(len(pages)))
-			if err := w.handle(wctx, p); err != nil {
-				if errors.Is(err, errShutdown) {
-					return w.flush(context.WithoutCancel(ctx))
-				}
-				return err
+			f := &inflight{p: p, done: make(chan struct{})}
+			if len(p.events) == 0 {
+				close(f.done)
+			} else {
+				go func() {
+					defer close(f.done)
+					f.dead, f.err = w.deliver(wctx, p.events)
+				}()
 			}
+			queue = append(queue, f)
 		}
 	}
 }
 
-// handle delivers one page and persists the position after it.
-func (w *streamWriter) handle(ctx context.Context, p page) error {
-	if len(p.events) == 0 {
+// inflight is a page at the sink.
+type inflight struct {
+	p    page
+	done chan struct{}
+	dead []deadLetter
+	err  error
+}
+
+// drain waits for the pages still at the sink, acknowledges them in order
+// up to the first one shutdown cut short, and stores the position.
+func (w *streamWriter) drain(ctx context.Context, queue []*inflight) error {
+	for _, f := range queue {
+		<-f.done
+		if f.err != nil {
+			break
+		}
+		if err := w.complete(ctx, f); err != nil {
+			return err
+		}
+	}
+	return w.flush(ctx)
+}
+
+// complete records a handled page's position, storing it when due.
+func (w *streamWriter) complete(ctx context.Context, f *inflight) error {
+	w.pending = &f.p.pos
+	if len(f.p.events) == 0 {
 		// An empty batch moves the position without acknowledging any
 		// event; storing it can wait, re-reading nothing costs nothing.
-		w.pending = &p.pos
 		if time.Since(w.stored) >= w.r.cfg.ProgressInterval {
 			return w.flush(ctx)
 		}
 		return nil
 	}
-	dead, err := w.deliver(ctx, p.events)
-	if err != nil {
-		return err
-	}
-	w.pending = &p.pos
-	w.pendingAcked += len(p.events)
-	w.pendingDead = append(w.pendingDead, dead...)
-	if len(dead) > 0 || time.Since(w.stored) >= w.r.cfg.StoreInterval {
+	w.pendingAcked += len(f.p.events)
+	w.pendingDead = append(w.pendingDead, f.dead...)
+	if len(f.dead) > 0 || time.Since(w.stored) >= w.r.cfg.StoreInterval {
 		return w.flush(ctx)
 	}
 	return nil

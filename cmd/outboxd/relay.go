@@ -31,6 +31,7 @@ type relayFlags struct {
 	indexes      string
 
 	batchDocs, batchBytes, prefetch  int
+	inFlight                         int
 	bulkDocs, bulkBytes, bulkWorkers int
 	indexSpec                        string
 
@@ -67,6 +68,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
 	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "approximate bytes per page")
 	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (bounds memory with batch-bytes)")
+	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: (prefetch+in-flight) x batch-bytes)")
 	fs.IntVar(&f.bulkDocs, "bulk-docs", 1000, "documents per Elasticsearch bulk request")
 	fs.IntVar(&f.bulkBytes, "bulk-bytes", 5<<20, "bytes per Elasticsearch bulk request")
 	fs.IntVar(&f.bulkWorkers, "bulk-workers", 4, "bulk requests in flight")
@@ -137,7 +139,7 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	r, err := relay.New(relay.Config{
 		Pool: pool, Schema: db.schema, Sink: sink, Streams: streams,
-		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch,
+		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
 		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
 		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup, StoreInterval: f.storeInterval,
