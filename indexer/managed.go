@@ -12,9 +12,10 @@ import (
 )
 
 // ManagedIndexes lists the index names outboxd manages on this cluster:
-// those with a read alias N-read next to a write alias N.
+// those whose concrete index carries both the write alias N and the read
+// alias N-read. An unrelated alias that merely ends in -read is not one.
 func ManagedIndexes(ctx context.Context, es *elasticsearch.Client) ([]string, error) {
-	res, err := es.Indices.GetAlias(es.Indices.GetAlias.WithContext(ctx), es.Indices.GetAlias.WithName("*-read"))
+	res, err := es.Indices.GetAlias(es.Indices.GetAlias.WithContext(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("indexer: list managed indexes: %w", err)
 	}
@@ -35,7 +36,9 @@ func ManagedIndexes(ctx context.Context, es *elasticsearch.Client) ([]string, er
 	for _, idx := range body {
 		for a := range idx.Aliases {
 			if n, ok := strings.CutSuffix(a, "-read"); ok {
-				seen[n] = true
+				if _, write := idx.Aliases[n]; write {
+					seen[n] = true
+				}
 			}
 		}
 	}

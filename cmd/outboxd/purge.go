@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -35,12 +36,14 @@ func runPurge(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	var errs []error
 	for _, n := range names {
 		purged, err := indexer.PurgeTombstones(ctx, client, n, *horizon)
 		if err != nil {
-			return fmt.Errorf("index %s: %w", n, err)
+			errs = append(errs, fmt.Errorf("index %s: %w", n, err))
+			continue
 		}
 		slog.Info("tombstones purged", "index", n, "purged", purged, "horizon", *horizon)
 	}
-	return nil
+	return errors.Join(errs...)
 }

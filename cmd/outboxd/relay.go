@@ -207,14 +207,17 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		if err != nil {
 			return err
 		}
+		// One index failing must not keep the others' tombstones forever.
+		var errs []error
 		for _, n := range names {
 			purged, err := indexer.PurgeTombstones(ctx, es, n, f.tombstoneHorizon)
 			if err != nil {
-				return fmt.Errorf("index %s: %w", n, err)
+				errs = append(errs, fmt.Errorf("index %s: %w", n, err))
+				continue
 			}
 			slog.Info("tombstones purged", "index", n, "purged", purged, "horizon", f.tombstoneHorizon)
 		}
-		return nil
+		return errors.Join(errs...)
 	}); err != nil {
 		return err
 	}
