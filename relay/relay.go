@@ -232,7 +232,14 @@ func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
 		}
 	}()
 	for {
-		if r.leadingCount() < r.fairShare(ctx, member) {
+		room := r.leadingCount() < r.fairShare(ctx, member)
+		if !room && conn != nil {
+			// At its fair share this process will not try for the stream;
+			// holding a connection for it would only use up the server's.
+			conn.Close(context.WithoutCancel(ctx))
+			conn = nil
+		}
+		if room {
 			if conn == nil || conn.IsClosed() {
 				c, err := r.connect(ctx)
 				if err != nil {
