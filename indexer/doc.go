@@ -37,7 +37,10 @@
 //
 // Write returns one relay.Outcome per event: 200/201 Applied; version
 // conflicts Stale; 429, 408, 5xx, timeouts and connection errors of some
-// requests Retry; 400 (mapping and parse errors) and malformed events
+// requests Retry (whole requests answered 408, 429 or 5xx, and connections
+// that failed, carry Outage: the cluster's fault, retried by the relay
+// without charging the events); 400 (mapping and parse errors) and
+// malformed events
 // Rejected with Elasticsearch's error type and reason (the document itself
 // is not echoed, include_source_on_error=false, though Elasticsearch may
 // quote a short preview of the offending field). A whole request answered 400 or
@@ -65,5 +68,23 @@
 // fully successful answer without decoding it, sends with require_alias
 // so a vanished alias never auto-creates a concrete index named N, and
 // runs Options.Workers requests at once; Write returns when all are done,
-// which is the back-pressure the relay needs.
+// which is the back-pressure the relay needs. Write is safe to call
+// concurrently (the relay keeps several pages in flight).
+//
+// # Repair and reconcile
+//
+// PlanRepair scans every concrete index behind a name (point in time and
+// search_after, a few dozen bytes of state per document), groups documents
+// by a key and picks one keeper per group; it changes nothing. Apply writes
+// and fsyncs a backup of every document it will touch before it touches
+// any, appends each step to an audit log, re-submits the keeper under
+// _id = key at its version, and deletes the others only if unchanged since
+// the scan (if_seq_no + if_primary_term): a document changed meanwhile is
+// skipped and reported, never lost. RestoreRepair puts a backup back;
+// Elasticsearch cannot lower a version, so a document comes back with its
+// source and _id but possibly at a higher _version (reported as raised).
+//
+// Reconcile compares the rows of a SQL query with the index and fixes drift
+// only by appending outbox events at versions that win the version gate, so
+// every fix takes the same path as ordinary writes.
 package indexer

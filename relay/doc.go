@@ -1,7 +1,12 @@
 // Package relay owns the outbox contract: appending events inside the
-// caller's transaction (Outbox.Append, or the SQL function <schema>.append)
-// and streaming every committed event to a Sink exactly in step with
-// PostgreSQL's commits.
+// caller's transaction (Outbox.Append, AppendBatch, Queue for the caller's
+// own pgx.Batch, or the SQL function <schema>.append) and streaming every
+// committed event to a Sink exactly in step with PostgreSQL's commits.
+//
+// An event refused at append time (a *ValidationError naming the field)
+// also aborts the caller's transaction, exactly as the SQL function does,
+// so a caller that ignores the error cannot commit its row without its
+// event.
 //
 // # Reading without gaps
 //
