@@ -32,6 +32,10 @@ func TestRelayHighAvailability(t *testing.T) {
 		go func() { _ = rb.Run(ctxB) }()
 
 		eventually(t, 10*time.Second, "one leader", func() bool { return len(ra.Leading())+len(rb.Leading()) == 1 })
+		eventually(t, 10*time.Second, "stats name the leader's session", func() bool {
+			st, err := relay.CollectStats(context.Background(), e.pool, e.schema)
+			return err == nil && len(st.Streams) == 1 && st.Streams[0].LeaderPID != 0
+		})
 		for range 50 {
 			if n := len(ra.Leading()) + len(rb.Leading()); n > 1 {
 				t.Fatalf("%d relays lead the stream at once", n)

@@ -14,39 +14,51 @@ import (
 // detected), and a relay whose session is gone cannot persist progress, so
 // two relays never both advance one stream.
 //
-// Membership is a shared advisory lock every relay process holds on
-// (schema, 0); counting its holders gives the number of live relays, from
+// Membership is a shared advisory lock every relay process holds on the
+// schema's member key; counting its holders gives the number of live relays, from
 // which each derives its fair share of the partitions.
 
-func lockKeys(schemaName, stream string) (int32, int32) {
-	return hash31("outboxd:" + schemaName), hash31(stream) | 1
+// streamKey is the stream's 64-bit advisory lock key, and memberKey the
+// key every relay on the schema holds shared. 64 bits make a collision
+// between two stream names (one of them never led) negligible.
+func streamKey(schemaName, stream string) int64 {
+	return hash64("outboxd.stream\x00" + schemaName + "\x00" + stream)
 }
 
-// hash31 is a stable, positive 31-bit hash; positive so that pg_locks'
-// oid columns compare to it without sign games.
-func hash31(s string) int32 {
-	h := fnv.New32a()
+func memberKey(schemaName string) int64 {
+	return hash64("outboxd.members\x00" + schemaName)
+}
+
+func hash64(s string) int64 {
+	h := fnv.New64a()
 	h.Write([]byte(s))
-	return int32(h.Sum32() & 0x7fffffff)
+	return int64(h.Sum64())
 }
 
-func tryLock(ctx context.Context, conn *pgx.Conn, k1, k2 int32) (bool, error) {
+// lockWhere matches the bigint advisory lock $1 in pg_locks (aliased t),
+// which shows the key's high and low 32 bits as classid and objid, with
+// objsubid 1.
+func lockWhere(t string) string {
+	return t + `.locktype = 'advisory' AND ` + t + `.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND ` + t + `.classid = (($1::bigint >> 32) & 4294967295)::oid AND ` + t + `.objid = ($1::bigint & 4294967295)::oid
+	AND ` + t + `.objsubid = 1 AND ` + t + `.granted`
+}
+
+func tryLock(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) {
 	var ok bool
-	err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, k1, k2).Scan(&ok)
+	err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok)
 	return ok, err
 }
 
-func joinMembers(ctx context.Context, conn *pgx.Conn, k1 int32) error {
-	_, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1, 0)`, k1)
+func joinMembers(ctx context.Context, conn *pgx.Conn, key int64) error {
+	_, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1)`, key)
 	return err
 }
 
 // countMembers counts live relay processes on this schema.
-func countMembers(ctx context.Context, conn *pgx.Conn, k1 int32) (int, error) {
+func countMembers(ctx context.Context, conn *pgx.Conn, key int64) (int, error) {
 	var n int
-	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks
-		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid = $1::bigint::oid AND objid = 0 AND objsubid = 2 AND granted`, int64(k1)).Scan(&n)
+	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks l WHERE `+lockWhere("l"), key).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("relay: count relays: %w", err)
 	}
@@ -64,13 +76,11 @@ type StreamLeader struct {
 func Leaders(ctx context.Context, db DB, schemaName string, streams []string) ([]StreamLeader, error) {
 	out := make([]StreamLeader, 0, len(streams))
 	for _, s := range streams {
-		k1, k2 := lockKeys(schemaName, s)
 		l := StreamLeader{Stream: s}
 		err := db.QueryRow(ctx, `SELECT l.pid, coalesce(host(a.client_addr), 'local') || ' ' || coalesce(a.application_name, '')
 			FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid AND l.objsubid = 2 AND l.granted AND l.mode = 'ExclusiveLock'
-			LIMIT 1`, int64(k1), int64(k2)).Scan(&l.PID, &l.Client)
+			WHERE l.mode = 'ExclusiveLock' AND `+lockWhere("l")+`
+			LIMIT 1`, streamKey(schemaName, s)).Scan(&l.PID, &l.Client)
 		if err != nil && err != pgx.ErrNoRows {
 			return nil, fmt.Errorf("relay: leaders: %w", err)
 		}

@@ -89,7 +89,7 @@ func (c *Config) setDefaults() {
 type Relay struct {
 	cfg     Config
 	schema  string // quoted
-	k1      int32
+	member  int64  // advisory key of the relays' membership
 	metrics *metrics
 	log     *slog.Logger
 
@@ -124,11 +124,10 @@ func New(cfg Config) (*Relay, error) {
 		}
 		seen[s.Name] = true
 	}
-	k1, _ := lockKeys(cfg.Schema, "")
 	r := &Relay{
 		cfg:     cfg,
 		schema:  id,
-		k1:      k1,
+		member:  memberKey(cfg.Schema),
 		metrics: newMetrics(cfg.Registerer),
 		log:     cfg.Logger,
 		held:    map[string]context.CancelFunc{},
@@ -163,7 +162,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	defer member.Close(context.WithoutCancel(ctx))
-	if err := joinMembers(ctx, member, r.k1); err != nil {
+	if err := joinMembers(ctx, member, r.member); err != nil {
 		return fmt.Errorf("relay: join relays: %w", err)
 	}
 
@@ -207,7 +206,7 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 func (r *Relay) fairShare(ctx context.Context, member *pgx.Conn) int {
 	r.mu.Lock()
 	defer r.mu.Unlock() // also serializes use of the member connection
-	n, err := countMembers(ctx, member, r.k1)
+	n, err := countMembers(ctx, member, r.member)
 	if err != nil || n < 1 {
 		n = 1
 	}
@@ -224,7 +223,7 @@ func (r *Relay) leadingCount() int {
 // contend stands by for stream s and leads it whenever it can take the
 // lock and has room in its fair share.
 func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
-	k1, k2 := lockKeys(r.cfg.Schema, s.Name)
+	key := streamKey(r.cfg.Schema, s.Name)
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -251,7 +250,7 @@ func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
 				conn = c
 			}
 			if conn != nil {
-				ok, err := tryLock(ctx, conn, k1, k2)
+				ok, err := tryLock(ctx, conn, key)
 				switch {
 				case err != nil && ctx.Err() == nil:
 					r.log.Warn("relay: lock attempt failed; will retry", "stream", s.Name, "err", err)
