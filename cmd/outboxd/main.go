@@ -86,7 +86,7 @@ func usage() {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-14s %s\n", n, commands[n].summary)
+		fmt.Fprintf(os.Stderr, "  %-17s %s\n", n, commands[n].summary)
 	}
 	fmt.Fprintln(os.Stderr, "\nRun 'outboxd <command> --help' for a command's flags.")
 }
