@@ -107,7 +107,7 @@ func TestRepairAndReconcileCommands(t *testing.T) {
 	})
 
 	t.Run("repair restore puts the original documents back", func(t *testing.T) {
-		err := runRepair(ctx, append(append([]string{"restore"}, esArgs...), backup))
+		err := runRepair(ctx, append(append([]string{"restore"}, esArgs...), "--audit-log", filepath.Join(dir, "audit.jsonl"), "--operator", "test", backup))
 		if c := exitCode(err); c != 0 {
 			t.Fatalf("restore exit %d: %v", c, err)
 		}
