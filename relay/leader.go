@@ -35,12 +35,12 @@ func hash64(s string) int64 {
 	return int64(h.Sum64())
 }
 
-// lockWhere matches the bigint advisory lock $1 in pg_locks (aliased t),
+// lockWhere matches the bigint advisory lock key in pg_locks (aliased t),
 // which shows the key's high and low 32 bits as classid and objid, with
 // objsubid 1.
-func lockWhere(t string) string {
+func lockWhere(t, key string) string {
 	return t + `.locktype = 'advisory' AND ` + t + `.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND ` + t + `.classid = (($1::bigint >> 32) & 4294967295)::oid AND ` + t + `.objid = ($1::bigint & 4294967295)::oid
+	AND ` + t + `.classid = ((` + key + ` >> 32) & 4294967295)::oid AND ` + t + `.objid = (` + key + ` & 4294967295)::oid
 	AND ` + t + `.objsubid = 1 AND ` + t + `.granted`
 }
 
@@ -58,7 +58,7 @@ func joinMembers(ctx context.Context, conn *pgx.Conn, key int64) error {
 // countMembers counts live relay processes on this schema.
 func countMembers(ctx context.Context, conn *pgx.Conn, key int64) (int, error) {
 	var n int
-	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks l WHERE `+lockWhere("l"), key).Scan(&n)
+	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks l WHERE `+lockWhere("l", "$1::bigint"), key).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("relay: count relays: %w", err)
 	}
@@ -72,19 +72,33 @@ type StreamLeader struct {
 	Client string // client address and application name of that session
 }
 
-// Leaders reports which sessions lead the given streams.
+// Leaders reports which sessions lead the given streams, in one query.
 func Leaders(ctx context.Context, db DB, schemaName string, streams []string) ([]StreamLeader, error) {
-	out := make([]StreamLeader, 0, len(streams))
-	for _, s := range streams {
-		l := StreamLeader{Stream: s}
-		err := db.QueryRow(ctx, `SELECT l.pid, coalesce(host(a.client_addr), 'local') || ' ' || coalesce(a.application_name, '')
-			FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.mode = 'ExclusiveLock' AND `+lockWhere("l")+`
-			LIMIT 1`, streamKey(schemaName, s)).Scan(&l.PID, &l.Client)
-		if err != nil && err != pgx.ErrNoRows {
+	out := make([]StreamLeader, len(streams))
+	keys := make([]int64, len(streams))
+	for i, s := range streams {
+		out[i].Stream = s
+		keys[i] = streamKey(schemaName, s)
+	}
+	rows, err := db.Query(ctx, `SELECT k.i, l.pid, coalesce(host(a.client_addr), 'local') || ' ' || coalesce(a.application_name, '')
+		FROM unnest($1::bigint[]) WITH ORDINALITY AS k(key, i)
+		JOIN pg_locks l ON l.mode = 'ExclusiveLock' AND `+lockWhere("l", "k.key")+`
+		LEFT JOIN pg_stat_activity a ON a.pid = l.pid`, keys)
+	if err != nil {
+		return nil, fmt.Errorf("relay: leaders: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var i int
+		var pid int
+		var client string
+		if err := rows.Scan(&i, &pid, &client); err != nil {
 			return nil, fmt.Errorf("relay: leaders: %w", err)
 		}
-		out = append(out, l)
+		out[i-1].PID, out[i-1].Client = pid, client
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("relay: leaders: %w", err)
 	}
 	return out, nil
 }

@@ -188,8 +188,8 @@ func (o *Outbox) AppendBatch(ctx context.Context, db DB, events []Event) (int64,
 	var auto pgx.Batch
 	for _, e := range events {
 		if e.Version == 0 {
-			auto.Queue(`SELECT `+o.ident+`.append($1, $2, NULL, $3, $4, $5, $6)`,
-				e.IndexName, e.SourceID, string(e.Op), nullable(e.Document), nullString(e.EventType), nullable(e.Headers))
+			sql, args := o.statement(&e)
+			auto.Queue(sql, args...)
 			continue
 		}
 		occurred := e.OccurredAt
