@@ -76,8 +76,8 @@ func repairMget(ctx context.Context, es *elasticsearch.Client, refs []repairRef,
 	var res struct {
 		Docs []repairFetched `json:"docs"`
 	}
-	if err := scanDo(ctx, es, esapi.MgetRequest{Body: bytes.NewReader(body), Realtime: &realtime}, &res); err != nil {
-		return nil, fmt.Errorf("indexer: mget: %w", err)
+	if err := scanDo(ctx, es, "mget", esapi.MgetRequest{Body: bytes.NewReader(body), Realtime: &realtime}, &res); err != nil {
+		return nil, err
 	}
 	for _, d := range res.Docs {
 		out[repairRef{d.Index, d.ID}] = d
@@ -107,8 +107,8 @@ func repairBulk(ctx context.Context, es *elasticsearch.Client, body []byte) ([]r
 	var res struct {
 		Items []map[string]repairBulkItem `json:"items"`
 	}
-	if err := scanDo(ctx, es, esapi.BulkRequest{Body: bytes.NewReader(body)}, &res); err != nil {
-		return nil, fmt.Errorf("indexer: bulk: %w", err)
+	if err := scanDo(ctx, es, "bulk", esapi.BulkRequest{Body: bytes.NewReader(body)}, &res); err != nil {
+		return nil, err
 	}
 	out := make([]repairBulkItem, len(res.Items))
 	for i, m := range res.Items {

@@ -95,8 +95,6 @@ func (r *ReconcileReport) Drifted() bool {
 // numbers, never a source.
 type reconState struct {
 	canonVersion int64 // _version at (write index, _id = source_id); 0 if none
-	canonLive    bool
-	canonTomb    bool
 	maxLive      int64 // highest ranked version among live copies
 	live         int32
 	liveOff      int32 // live copies elsewhere (random _id, older index)
@@ -150,7 +148,10 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	if opts.Operator == "" {
 		opts.Operator = "outboxd reconcile"
 	}
-	log := repairLogger(opts.Logger)
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	ob, err := relay.NewOutbox(opts.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: reconcile: %w", err)
@@ -178,8 +179,6 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		canonical := d.Index == writeIndex && d.ID == sid
 		if canonical {
 			st.canonVersion = d.ESVersion
-			st.canonLive = !d.Tombstone
-			st.canonTomb = d.Tombstone
 		}
 		if !d.Tombstone {
 			st.live++

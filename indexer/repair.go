@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"sort"
 	"strings"
 
@@ -296,9 +295,9 @@ func repairResolve(ctx context.Context, es *elasticsearch.Client, name string) (
 			Filter       map[string]any `json:"filter"`
 		} `json:"aliases"`
 	}
-	err := scanDo(ctx, es, esapi.IndicesGetAliasRequest{Name: []string{name}}, &aliases)
+	err := scanDo(ctx, es, fmt.Sprintf("index %q: get alias", name), esapi.IndicesGetAliasRequest{Name: []string{name}}, &aliases)
 	if err != nil && !scanIsStatus(err, 404) {
-		return nil, "", fmt.Errorf("indexer: index %q: get alias: %w", name, err)
+		return nil, "", err
 	}
 	if err == nil && len(aliases) > 0 {
 		var indices []string
@@ -322,20 +321,12 @@ func repairResolve(ctx context.Context, es *elasticsearch.Client, name string) (
 		}
 		return indices, write, nil
 	}
-	err = scanDo(ctx, es, esapi.IndicesExistsRequest{Index: []string{name}}, nil)
+	err = scanDo(ctx, es, fmt.Sprintf("index %q", name), esapi.IndicesExistsRequest{Index: []string{name}}, nil)
 	if scanIsStatus(err, 404) {
 		return nil, "", fmt.Errorf("indexer: index: %q is neither an alias nor an index", name)
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("indexer: index %q: %w", name, err)
+		return nil, "", err
 	}
 	return []string{name}, name, nil
-}
-
-// repairLogger is the package's fallback logger for repair and reconcile.
-func repairLogger(l *slog.Logger) *slog.Logger {
-	if l == nil {
-		return slog.Default()
-	}
-	return l
 }

@@ -22,22 +22,22 @@ func TestRepairKeeperChoice(t *testing.T) {
 			t.Fatalf("keeper %s deleted %v others %d why %q", k.ID, deleted, len(others), why)
 		}
 	})
-	t.Run("a version tie goes to the newest updated-at", func(t *testing.T) {
-		k, _, _, why := chooseRepairKeeper([]RepairDoc{
-			doc(w, "s", "s", 2, "2024-01-01T00:00:00Z", false), doc(w, "r", "s", 2, "2024-06-01T00:00:00Z", false),
-		}, w, "updated_at")
-		if k.ID != "r" || !strings.Contains(why, "newest updated_at") {
-			t.Fatalf("keeper %s why %q", k.ID, why)
-		}
-	})
-	t.Run("a full tie goes to the document at _id = source_id", func(t *testing.T) {
-		k, _, _, why := chooseRepairKeeper([]RepairDoc{
-			doc(w, "a", "s", 2, "x", false), doc(w, "s", "s", 2, "x", false),
-		}, w, "updated_at")
-		if k.ID != "s" || !strings.Contains(why, "_id equals source_id") {
-			t.Fatalf("keeper %s why %q", k.ID, why)
-		}
-	})
+	for _, tc := range []struct {
+		name, keeper, why string
+		docs              []RepairDoc
+	}{
+		{"a version tie goes to the newest updated-at", "r", "newest updated_at",
+			[]RepairDoc{doc(w, "s", "s", 2, "2024-01-01T00:00:00Z", false), doc(w, "r", "s", 2, "2024-06-01T00:00:00Z", false)}},
+		{"a full tie goes to the document at _id = source_id", "s", "_id equals source_id",
+			[]RepairDoc{doc(w, "a", "s", 2, "x", false), doc(w, "s", "s", 2, "x", false)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			k, _, _, why := chooseRepairKeeper(tc.docs, w, "updated_at")
+			if k.ID != tc.keeper || !strings.Contains(why, tc.why) {
+				t.Fatalf("keeper %s why %q", k.ID, why)
+			}
+		})
+	}
 	t.Run("a newer tombstone keeps the key deleted", func(t *testing.T) {
 		k, others, deleted, why := chooseRepairKeeper([]RepairDoc{
 			doc(w, "r", "s", 4, "", false), doc(w, "s", "s", 5, "", true),

@@ -10,10 +10,6 @@ import (
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 )
 
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
-
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
-
 // readAll reads and closes res.Body into the pooled buffer buf.
 func readAll(res *esapi.Response, buf *[]byte) ([]byte, error) {
 	defer res.Body.Close()
@@ -57,7 +53,7 @@ func responseError(op string, status int, body []byte) *ResponseError {
 	return re
 }
 
-// do runs req and returns the body of a 2xx answer, or a *ResponseError,
+// perform runs req and returns the body of a 2xx answer, or a *ResponseError,
 // or the transport's error. For the small control requests of bootstrap,
 // purge and ping; bulk has its own loop.
 func perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {

@@ -144,11 +144,7 @@ func TestRestartMidDrain(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var n int64
-			for _, s := range st.Streams {
-				n += s.Backlog
-			}
-			return n
+			return st.Backlog()
 		}
 		// Stop it once some, not all, events are acknowledged. Before the
 		// relay registers its stream the backlog reads 0, hence the bounds.

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -72,17 +71,17 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 	}
 	keepStr := fmt.Sprintf("%ds", int(keep.Seconds()))
 
+	op := "scan " + strings.Join(opts.Indices, ",")
 	if opts.Refresh {
-		if err := scanDo(ctx, es, esapi.IndicesRefreshRequest{Index: opts.Indices}, nil); err != nil {
-			return fmt.Errorf("indexer: scan %s: refresh: %w", strings.Join(opts.Indices, ","), err)
+		if err := scanDo(ctx, es, op+": refresh", esapi.IndicesRefreshRequest{Index: opts.Indices}, nil); err != nil {
+			return err
 		}
 	}
 	var opened struct {
 		ID string `json:"id"`
 	}
-	err := scanDo(ctx, es, esapi.OpenPointInTimeRequest{Index: opts.Indices, KeepAlive: keepStr}, &opened)
-	if err != nil {
-		return fmt.Errorf("indexer: scan %s: open point in time: %w", strings.Join(opts.Indices, ","), err)
+	if err := scanDo(ctx, es, op+": open point in time", esapi.OpenPointInTimeRequest{Index: opts.Indices, KeepAlive: keepStr}, &opened); err != nil {
+		return err
 	}
 	pit := opened.ID
 	defer func() {
@@ -91,7 +90,7 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		body, _ := json.Marshal(map[string]string{"id": pit})
-		_ = scanDo(cctx, es, esapi.ClosePointInTimeRequest{Body: bytes.NewReader(body)}, nil)
+		_ = scanDo(cctx, es, op+": close point in time", esapi.ClosePointInTimeRequest{Body: bytes.NewReader(body)}, nil)
 	}()
 
 	var after []json.RawMessage
@@ -123,8 +122,8 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 				} `json:"hits"`
 			} `json:"hits"`
 		}
-		if err := scanDo(ctx, es, esapi.SearchRequest{Body: bytes.NewReader(body)}, &page); err != nil {
-			return fmt.Errorf("indexer: scan %s: %w", strings.Join(opts.Indices, ","), err)
+		if err := scanDo(ctx, es, op, esapi.SearchRequest{Body: bytes.NewReader(body)}, &page); err != nil {
+			return err
 		}
 		if page.PitID != "" {
 			pit = page.PitID
@@ -149,70 +148,27 @@ func scanCount(ctx context.Context, es *elasticsearch.Client, indices []string) 
 	var out struct {
 		Count int64 `json:"count"`
 	}
-	if err := scanDo(ctx, es, esapi.CountRequest{Index: indices}, &out); err != nil {
-		return 0, fmt.Errorf("indexer: count %s: %w", strings.Join(indices, ","), err)
+	if err := scanDo(ctx, es, "count "+strings.Join(indices, ","), esapi.CountRequest{Index: indices}, &out); err != nil {
+		return 0, err
 	}
 	return out.Count, nil
 }
 
-// scanESError is a non-2xx answer from Elasticsearch to a repair, scan or
-// reconcile request. (The sink has its own classification in errors.go.)
-type scanESError struct {
-	Status int
-	Type   string
-	Reason string
-}
-
-func (e *scanESError) Error() string {
-	if e.Type == "" {
-		return fmt.Sprintf("elasticsearch status %d: %s", e.Status, e.Reason)
-	}
-	return fmt.Sprintf("elasticsearch status %d: %s: %s", e.Status, e.Type, e.Reason)
-}
-
 // scanIsStatus reports whether err is an Elasticsearch answer with status.
 func scanIsStatus(err error, status int) bool {
-	var se *scanESError
-	return errors.As(err, &se) && se.Status == status
+	var re *ResponseError
+	return errors.As(err, &re) && re.Status == status
 }
 
-// scanDo performs req and decodes a 2xx body into out (if non-nil).
-func scanDo(ctx context.Context, es *elasticsearch.Client, req esapi.Request, out any) error {
-	res, err := req.Do(ctx, es)
-	if err != nil {
+// scanDo performs req (see perform) and decodes the 2xx body into out,
+// if non-nil.
+func scanDo(ctx context.Context, es *elasticsearch.Client, op string, req esapi.Request, out any) error {
+	body, err := perform(ctx, es, op, req)
+	if err != nil || out == nil {
 		return err
 	}
-	defer res.Body.Close()
-	if res.StatusCode >= 300 {
-		b, _ := io.ReadAll(io.LimitReader(res.Body, 64<<10))
-		return scanStatusError(res.StatusCode, b)
-	}
-	if out == nil {
-		_, _ = io.Copy(io.Discard, res.Body)
-		return nil
-	}
-	if err := json.NewDecoder(res.Body).Decode(out); err != nil {
-		return fmt.Errorf("decode response: %w", err)
+	if err := json.Unmarshal(body, out); err != nil {
+		return fmt.Errorf("indexer: %s: decode response: %w", op, err)
 	}
 	return nil
-}
-
-func scanStatusError(status int, body []byte) *scanESError {
-	var e struct {
-		Error json.RawMessage `json:"error"`
-	}
-	se := &scanESError{Status: status, Reason: strings.TrimSpace(string(body))}
-	if json.Unmarshal(body, &e) == nil && len(e.Error) > 0 {
-		var obj struct {
-			Type   string `json:"type"`
-			Reason string `json:"reason"`
-		}
-		if json.Unmarshal(e.Error, &obj) == nil && obj.Type != "" {
-			se.Type, se.Reason = obj.Type, obj.Reason
-		}
-	}
-	if len(se.Reason) > 500 {
-		se.Reason = se.Reason[:500] + "..."
-	}
-	return se
 }

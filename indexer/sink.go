@@ -1,7 +1,9 @@
 package indexer
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -342,7 +344,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 
 	started := time.Now()
 	req := esapi.BulkRequest{
-		Body:                 bytesReader(b),
+		Body:                 bytes.NewReader(b),
 		FilterPath:           bulkFilterPath,
 		RequireAlias:         &ptrTrue,  // never auto-create a concrete index named like the alias
 		IncludeSourceOnError: &ptrFalse, // documents may hold personal data; keep them out of reasons and logs
@@ -405,7 +407,7 @@ func (s *Sink) settleAll(w *write, items []int, o relay.Outcome) {
 
 func (s *Sink) settleItems(w *write, items []int, body []byte) {
 	var r bulkResponse
-	if err := jsonUnmarshal(body, &r); err != nil || len(r.Items) != len(items) {
+	if err := json.Unmarshal(body, &r); err != nil || len(r.Items) != len(items) {
 		reason := fmt.Sprintf("bulk response: expected %d items, could not read them", len(items))
 		if err != nil {
 			reason += ": " + err.Error()

@@ -249,9 +249,6 @@ RETURNING d.id`
 		if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
 			return err
 		}
-		if len(ids) == 0 {
-			ids = []int64{}
-		}
 		if to == DeadLetterRetried && len(ids) > 0 {
 			// One statement, in dead-letter id order: versions of one
 			// source are re-queued in the order they were parked.

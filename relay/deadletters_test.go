@@ -11,10 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/outboxd/outboxd/relay"
-	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 // dlSink rejects events until their source is fixed, like an index whose
@@ -55,42 +52,28 @@ func (s *dlSink) versions(source string) []int64 {
 }
 
 type dlEnv struct {
-	pool   *pgxpool.Pool
-	schema string
-	outbox *relay.Outbox
-	sink   *dlSink
+	*env
+	sink *dlSink
 }
 
 // setupDeadLetters runs a relay whose sink rejects everything until fixed,
 // and parks the given events as dead letters.
 func setupDeadLetters(t *testing.T, events ...relay.Event) *dlEnv {
 	t.Helper()
-	pool, name := schematest.Setup(t)
-	ob, err := relay.NewOutbox(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &dlEnv{pool: pool, schema: name, outbox: ob, sink: &dlSink{fixed: map[string]bool{}, applied: map[string][]int64{}}}
-	r, err := relay.New(relay.Config{Pool: pool, Schema: name, Sink: e.sink, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	e := &dlEnv{env: setup(t), sink: &dlSink{fixed: map[string]bool{}, applied: map[string][]int64{}}}
+	stop := start(t, relay.Config{Pool: e.pool, Schema: e.schema, Sink: e.sink, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		LeaseInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
+		if err := stop(); err != nil {
 			t.Errorf("relay: %v", err)
 		}
 	})
 	for _, ev := range events {
-		if _, err := ob.Append(ctx, pool, ev); err != nil {
+		if _, err := e.outbox.Append(context.Background(), e.pool, ev); err != nil {
 			t.Fatal(err)
 		}
 	}
-	dlEventually(t, "every event is parked", func() bool { return len(e.list(t, relay.DeadLetterFilter{Limit: 1000})) == len(events) })
+	eventually(t, 20*time.Second, "every event is parked", func() bool { return len(e.list(t, relay.DeadLetterFilter{Limit: 1000})) == len(events) })
 	return e
 }
 
@@ -127,17 +110,6 @@ func (e *dlEnv) audit(t *testing.T) []auditRow {
 		out = append(out, a)
 	}
 	return out
-}
-
-func dlEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func dlUpsert(index, source string, version int64) relay.Event {
@@ -211,7 +183,7 @@ func TestDeadLetterRetry(t *testing.T) {
 		if err != nil || n != 2 {
 			t.Fatalf("retry: %d, %v", n, err)
 		}
-		dlEventually(t, "both versions of a are applied", func() bool { return len(e.sink.versions("a")) == 2 })
+		eventually(t, 20*time.Second, "both versions of a are applied", func() bool { return len(e.sink.versions("a")) == 2 })
 		if v := e.sink.versions("a"); v[0] != 1 || v[1] != 2 {
 			t.Fatalf("versions applied in order %v, want [1 2]", v)
 		}
@@ -236,7 +208,7 @@ func TestDeadLetterRetry(t *testing.T) {
 		if err != nil || n != 1 {
 			t.Fatalf("retry: %d, %v", n, err)
 		}
-		dlEventually(t, "b is parked again", func() bool {
+		eventually(t, 20*time.Second, "b is parked again", func() bool {
 			return len(e.list(t, relay.DeadLetterFilter{SourceID: "b", Status: relay.DeadLetterParked})) == 1
 		})
 	})

@@ -161,11 +161,7 @@ func (e *env) backlog(t *testing.T) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int64
-	for _, s := range st.Streams {
-		n += s.Backlog
-	}
-	return n
+	return st.Backlog()
 }
 
 func TestRelayDelivery(t *testing.T) {

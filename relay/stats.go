@@ -117,6 +117,15 @@ ORDER BY p.stream`)
 	return st, nil
 }
 
+// Backlog is the number of unacknowledged events over all streams.
+func (s *Stats) Backlog() int64 {
+	var n int64
+	for _, st := range s.Streams {
+		n += st.Backlog
+	}
+	return n
+}
+
 // OldestBacklogAge is the largest OldestAge over all streams.
 func (s *Stats) OldestBacklogAge() time.Duration {
 	var m float64

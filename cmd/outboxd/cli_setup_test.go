@@ -95,11 +95,7 @@ func (e *cliEnv) backlog(t *testing.T) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int64
-	for _, s := range st.Streams {
-		n += s.Backlog
-	}
-	return n
+	return st.Backlog()
 }
 
 func cliEventually(t *testing.T, what string, cond func() bool) {

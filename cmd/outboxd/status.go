@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -64,9 +63,7 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	}
 	lagging := *maxAge > 0 && oldest > *maxAge
 	if *asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(statusReport{Stats: st, OldestBacklogAge: oldest.Seconds(), MaxAge: maxAge.Seconds(), OK: !lagging}); err != nil {
+		if err := indentJSON(out, statusReport{Stats: st, OldestBacklogAge: oldest.Seconds(), MaxAge: maxAge.Seconds(), OK: !lagging}); err != nil {
 			return err
 		}
 	} else {

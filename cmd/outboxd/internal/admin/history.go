@@ -83,10 +83,8 @@ func (s *Server) takeSample(ctx context.Context) Sample {
 	smp := Sample{T: time.Now().UnixMilli()}
 	if st, err := s.stats.get(ctx); err == nil && st != nil {
 		smp.StatsOK = true
-		for _, ss := range st.Streams {
-			smp.Backlog += ss.Backlog
-			smp.OldestAge = max(smp.OldestAge, ss.OldestAge)
-		}
+		smp.Backlog = st.Backlog()
+		smp.OldestAge = st.OldestBacklogAge().Seconds()
 		for _, d := range st.DeadLetters {
 			smp.Parked += d.Parked
 		}

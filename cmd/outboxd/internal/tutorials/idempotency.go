@@ -1,6 +1,7 @@
 package tutorials
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -79,8 +80,10 @@ func normalize(payload []byte) ([]byte, error) {
 	if len(payload) == 0 {
 		return []byte("null"), nil
 	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.UseNumber()
 	var v any
-	if err := decodeNumbers(payload, &v); err != nil {
+	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
 	return json.Marshal(v)

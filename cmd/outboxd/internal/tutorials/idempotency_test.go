@@ -35,12 +35,7 @@ func TestIdempotentCreate(t *testing.T) {
 				t.Fatalf("retry Location %q, first %q", again.header.Get("Location"), first.header.Get("Location"))
 			}
 		}
-		if n := env.rows(t); n != 1 {
-			t.Fatalf("want 1 tutorial, got %d", n)
-		}
-		if n := env.events(t); n != 1 {
-			t.Fatalf("want 1 outbox event, got %d", n)
-		}
+		env.wantOneWrite(t)
 		if got := value(env.srv.metrics.keyHits); got != 3 {
 			t.Fatalf("key hits: want 3, got %v", got)
 		}
@@ -137,9 +132,7 @@ func TestIdempotentCreate(t *testing.T) {
 		if created != 1 || len(ids) != 1 {
 			t.Fatalf("want exactly one original 201 and one id, got %d originals and ids %v", created, ids)
 		}
-		if rows, events := env.rows(t), env.events(t); rows != 1 || events != 1 {
-			t.Fatalf("want 1 row and 1 event, got %d rows and %d events", rows, events)
-		}
+		env.wantOneWrite(t)
 		if got := value(env.srv.metrics.duplicates); got != n-1 {
 			t.Fatalf("duplicate requests: want %d, got %v", n-1, got)
 		}
@@ -187,9 +180,7 @@ func TestIdempotentCreate(t *testing.T) {
 		if again.ID != first.ID {
 			t.Fatalf("want the existing record %s, got %s", first.ID, again.ID)
 		}
-		if rows, events := env.rows(t), env.events(t); rows != 1 || events != 1 {
-			t.Fatalf("want 1 row and 1 event, got %d rows and %d events", rows, events)
-		}
+		env.wantOneWrite(t)
 		if got := value(env.srv.metrics.uniqueConflicts); got != 1 {
 			t.Fatalf("unique key conflicts: want 1, got %v", got)
 		}
@@ -212,9 +203,7 @@ func TestIdempotentCreate(t *testing.T) {
 		if _, err := env.send(t, "POST", "/api/tutorials", "alice", "k1", payload); err == nil {
 			t.Fatal("want the first request to fail without a response")
 		}
-		if rows, events := env.rows(t), env.events(t); rows != 1 || events != 1 {
-			t.Fatalf("after the crash: want the committed 1 row and 1 event, got %d and %d", rows, events)
-		}
+		env.wantOneWrite(t)
 		r := env.do(t, "POST", "/api/tutorials", "alice", "k1", payload)
 		if r.status != http.StatusCreated || !r.replayed() {
 			t.Fatalf("retry: want the stored 201 replayed, got %d replayed=%v %s", r.status, r.replayed(), r.body)
@@ -257,9 +246,7 @@ func TestIdempotentCreate(t *testing.T) {
 		if !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("fenced owner: want ErrLeaseLost, got %v", err)
 		}
-		if rows, events := env.rows(t), env.events(t); rows != 1 || events != 1 {
-			t.Fatalf("want 1 row and 1 event, got %d and %d", rows, events)
-		}
+		env.wantOneWrite(t)
 	})
 
 	t.Run("a failed write can be retried with the same key", func(t *testing.T) {

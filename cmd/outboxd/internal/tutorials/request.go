@@ -169,9 +169,3 @@ func validateKey(key string) *APIError {
 	}
 	return nil
 }
-
-func decodeNumbers(payload []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.UseNumber()
-	return dec.Decode(v)
-}

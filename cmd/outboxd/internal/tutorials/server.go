@@ -62,7 +62,6 @@ type Server struct {
 	es      *elasticsearch.Client
 	metrics *metrics
 	log     *slog.Logger
-	lease   time.Duration
 	handler http.Handler
 
 	afterCommit func(r *http.Request)
@@ -120,7 +119,6 @@ func New(cfg Config) (*Server, error) {
 		es:          cfg.Elasticsearch,
 		metrics:     m,
 		log:         cfg.Logger,
-		lease:       cfg.Lease,
 		afterCommit: cfg.afterCommit,
 	}
 	mux := http.NewServeMux()

@@ -161,6 +161,15 @@ func (e *testEnv) events(t testing.TB) int {
 	return e.count(t, `SELECT count(*) FROM "`+e.outbox+`".events`)
 }
 
+// wantOneWrite fails the test unless exactly one tutorial row and one
+// outbox event exist.
+func (e *testEnv) wantOneWrite(t testing.TB) {
+	t.Helper()
+	if rows, events := e.rows(t), e.events(t); rows != 1 || events != 1 {
+		t.Fatalf("want 1 row and 1 event, got %d rows and %d events", rows, events)
+	}
+}
+
 func (e *testEnv) keyStatus(t testing.TB, user, key string) string {
 	t.Helper()
 	var s string

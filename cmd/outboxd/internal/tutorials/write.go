@@ -40,7 +40,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, user, key st
 	hash := requestHash(r.Method, r.URL.Path, norm)
 	// The write must finish or fail on its own terms even if the client
 	// hangs up, or its key would sit in PROCESSING until the lease ends.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.lease)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.keys.lease)
 	defer cancel()
 
 	c, err := s.keys.Claim(ctx, user, key, r.Method, r.URL.Path, hash)
@@ -55,10 +55,7 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, user, key st
 	case replay:
 		s.metrics.keyHits.Inc()
 		w.Header().Set(HeaderReplayed, "true")
-		if c.resource != "" && c.status == http.StatusCreated {
-			w.Header().Set("Location", "/api/tutorials/"+c.resource)
-		}
-		writeRaw(w, c.status, c.body)
+		writeResult(w, c.status, c.resource, c.body)
 		return
 	case payloadConflict:
 		s.metrics.payloadConflicts.Inc()
@@ -99,10 +96,16 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, user, key st
 	if s.afterCommit != nil {
 		s.afterCommit(r)
 	}
-	if res.resource != "" && res.status == http.StatusCreated {
-		w.Header().Set("Location", "/api/tutorials/"+res.resource)
+	writeResult(w, res.status, res.resource, body)
+}
+
+// writeResult sends a write's response, fresh or replayed; a create's
+// carries the new tutorial's Location.
+func writeResult(w http.ResponseWriter, status int, resource string, body []byte) {
+	if resource != "" && status == http.StatusCreated {
+		w.Header().Set("Location", "/api/tutorials/"+resource)
 	}
-	writeRaw(w, res.status, body)
+	writeRaw(w, status, body)
 }
 
 // commit runs op and completes the key in one transaction.
