@@ -97,6 +97,82 @@ func TestRelayHighAvailability(t *testing.T) {
 			t.Fatalf("relay A delivered %d events outside its partition", bad)
 		}
 	})
+
+	t.Run("with two partitions, the survivor leads both when the other relay dies", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		streams, err := relay.Partitions("p", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sinkA, sinkB := newRecordingSink(), newRecordingSink()
+		cfgA, cfgB := e.config(sinkA), e.config(sinkB)
+		cfgA.Streams, cfgB.Streams = streams, streams
+		ra, err := relay.New(cfgA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, err := relay.New(cfgB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctxA, cancelA := context.WithCancel(context.Background())
+		ctxB, cancelB := context.WithCancel(context.Background())
+		doneA, doneB := make(chan error, 1), make(chan error, 1)
+		go func() { doneA <- ra.Run(ctxA) }()
+		go func() { doneB <- rb.Run(ctxB) }()
+		t.Cleanup(func() {
+			cancelA()
+			cancelB()
+			<-doneB
+		})
+
+		eventually(t, 15*time.Second, "one partition each", func() bool { return len(ra.Leading()) == 1 && len(rb.Leading()) == 1 })
+		first := e.append(t, 200)
+		eventually(t, 15*time.Second, "both relays deliver", func() bool { return sinkA.delivered()+sinkB.delivered() == len(first) })
+		if sinkA.delivered() == 0 || sinkB.delivered() == 0 {
+			t.Fatalf("one relay did all the work: %d and %d", sinkA.delivered(), sinkB.delivered())
+		}
+
+		// Relay A dies: its sessions, and with them its stream locks, go away.
+		cancelA()
+		select {
+		case err := <-doneA:
+			if err != nil {
+				t.Fatalf("relay A: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("relay A did not stop")
+		}
+		eventually(t, 20*time.Second, "the survivor leads both partitions", func() bool { return len(rb.Leading()) == 2 })
+
+		aBefore := sinkA.delivered()
+		more := e.append(t, 200)
+		eventually(t, 15*time.Second, "the survivor delivers every new event", func() bool {
+			for _, id := range more {
+				if !sinkB.has(id) {
+					return false
+				}
+			}
+			return true
+		})
+		if sinkA.delivered() != aBefore {
+			t.Fatal("the stopped relay delivered events")
+		}
+		// The new events must span both partitions, or the survivor could have
+		// delivered them while leading only its own.
+		var inFirst, inSecond int
+		err = e.pool.QueryRow(context.Background(),
+			`SELECT count(*) FILTER (WHERE bucket BETWEEN $2 AND $3), count(*) FILTER (WHERE bucket BETWEEN $4 AND $5) FROM "`+e.schema+`".events WHERE id = ANY($1)`,
+			more, streams[0].BucketLo, streams[0].BucketHi, streams[1].BucketLo, streams[1].BucketHi).Scan(&inFirst, &inSecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inFirst == 0 || inSecond == 0 || inFirst+inSecond != len(more) {
+			t.Fatalf("the new events fall %d/%d into the partitions; the test proves nothing", inFirst, inSecond)
+		}
+
+	})
 }
 
 func idsOf(s *recordingSink) []int64 {
