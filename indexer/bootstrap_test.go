@@ -14,7 +14,7 @@ import (
 func TestBootstrap(t *testing.T) {
 	t.Parallel()
 
-	t.Run("bootstrap run concurrently and again creates the index and both aliases once", func(t *testing.T) {
+	t.Run("bootstrap run concurrently and again creates the index and its three aliases once", func(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -34,7 +34,7 @@ func TestBootstrap(t *testing.T) {
 		if err := Bootstrap(ctx, es, name, nil); err != nil {
 			t.Fatalf("again: %v", err)
 		}
-		st, b := esCall(t, es, "GET", "/_alias/"+name+","+ReadAlias(name), "")
+		st, b := esCall(t, es, "GET", "/_alias/"+name+","+WriteAlias(name)+","+ReadAlias(name), "")
 		if st != 200 {
 			t.Fatalf("aliases: %d %s", st, b)
 		}
@@ -42,7 +42,7 @@ func TestBootstrap(t *testing.T) {
 			Aliases map[string]json.RawMessage `json:"aliases"`
 		}
 		_ = json.Unmarshal(b, &got)
-		if len(got) != 1 || len(got[FirstIndex(name)].Aliases) != 2 {
+		if len(got) != 1 || len(got[FirstIndex(name)].Aliases) != 3 {
 			t.Fatalf("aliases: %s", b)
 		}
 		st, b = esCall(t, es, "GET", "/"+FirstIndex(name)+"/_mapping", "")
@@ -112,7 +112,7 @@ func TestBootstrap(t *testing.T) {
 		es, name := setup(t)
 		s := newSink(t, Options{Client: es})
 		mustWrite(t, s, upsert(name, "a", 1, `{}`))
-		if st, b := esCall(t, es, "DELETE", "/"+FirstIndex(name)+"/_alias/"+name, ""); st != 200 {
+		if st, b := esCall(t, es, "DELETE", "/"+FirstIndex(name)+"/_alias/"+WriteAlias(name), ""); st != 200 {
 			t.Fatalf("remove alias: %d %s", st, b)
 		}
 		out := mustWrite(t, s, upsert(name, "b", 1, `{}`))
@@ -122,7 +122,7 @@ func TestBootstrap(t *testing.T) {
 		if got := statuses(mustWrite(t, s, upsert(name, "b", 1, `{}`))); got != "applied" {
 			t.Fatalf("after re-bootstrap: %s", got)
 		}
-		if st, _ := esCall(t, es, "GET", "/_alias/"+name, ""); st != 200 {
+		if st, _ := esCall(t, es, "GET", "/_alias/"+WriteAlias(name), ""); st != 200 {
 			t.Fatalf("alias not recreated: %d", st)
 		}
 	})

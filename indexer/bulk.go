@@ -39,11 +39,13 @@ const (
 	externalGTE
 )
 
-// appendAction appends one bulk "index" action line; the caller appends
-// the source line.
+// appendAction appends one bulk "index" action line addressed to the write
+// alias of index; the caller appends the source line.
 func appendAction(b []byte, index, id string, version int64, vt versionType) []byte {
 	b = append(b, `{"index":{"_index":`...)
+	// index's write alias (WriteAlias), without building the string
 	b = appendString(b, index)
+	b = append(append(b[:len(b)-1], writeSuffix...), '"')
 	b = append(b, `,"_id":`...)
 	b = appendString(b, id)
 	b = append(b, `,"version":`...)

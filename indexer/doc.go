@@ -3,15 +3,19 @@
 //
 // # Layout in Elasticsearch
 //
-// An event's index name N is a write alias pointing at one concrete index
-// N-000001 (is_write_index). N-read is a read alias over the same index,
-// filtered with ReadFilter so tombstones never show up. Searchers query
-// N-read. Callers that GET a document by id from N (or N-000001) must
-// treat a document with "outboxd_deleted": true as absent. Bootstrap
-// creates all three on first use and refuses, changing nothing, an N that
-// is a concrete index, an alias over several indices (versions are only
-// compared within one index, so rollover is not supported) or an N-read
-// with another filter.
+// An event's index name N is what applications search: a filtered alias
+// (ReadFilter) over one concrete index N-000001, so tombstones never show
+// up in a search, count or aggregation on N. outboxd writes and reads
+// tombstones through the unfiltered write alias N-write (is_write_index);
+// N-read is the filtered view under the name earlier releases searched.
+// GET and _mget ignore alias filters: a GET of a deleted id on N returns
+// its tombstone, which callers treat as absent. Bootstrap creates the
+// index and the three aliases on first use, upgrades the layout of
+// earlier releases (N the unfiltered write alias) in place with one atomic
+// _aliases request, and refuses, changing nothing, an N that is a concrete
+// index, an alias over several indices (versions are only compared within
+// one index, so rollover is not supported), an alias of the layout
+// pointing at another index, or an N-read with another filter.
 //
 // # Versions
 //

@@ -66,7 +66,7 @@ func (s *Sink) stored(ctx context.Context, index string, events []relay.Event, p
 	}
 	b = append(b, "]}"...)
 	body, err := perform(ctx, s.es, "mget", esapi.MgetRequest{
-		Index:      index,
+		Index:      WriteAlias(index),
 		Body:       bytes.NewReader(b),
 		FilterPath: []string{"docs.found", "docs._version", "docs._source"},
 	})

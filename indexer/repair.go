@@ -13,8 +13,9 @@ import (
 
 // RepairOptions says what PlanRepair scans and how it groups.
 type RepairOptions struct {
-	// Index is the write alias N (its concrete indices are all scanned) or
-	// a concrete index. A filtered alias (such as N-read) is refused: it
+	// Index is the index name N (the concrete indices behind N-write, or
+	// behind N in the layout of older releases, are all scanned) or a
+	// concrete index. Another filtered alias (such as N-read) is refused: it
 	// hides tombstones and has no write index.
 	Index string
 	// Key is the grouping key: ["source_id"] (the default: the source_id
@@ -289,6 +290,15 @@ func repairPlanGroup(key string, docs []RepairDoc, writeIndex, updatedField stri
 // repairResolve returns the concrete indices behind name and the write
 // index. A concrete index is its own write index.
 func repairResolve(ctx context.Context, es *elasticsearch.Client, name string) ([]string, string, error) {
+	// N is a filtered alias; the operator means the index behind it, which
+	// N-write shows whole.
+	if !strings.HasSuffix(name, writeSuffix) {
+		target, err := writeTarget(ctx, es, name)
+		if err != nil {
+			return nil, "", err
+		}
+		name = target
+	}
 	var aliases map[string]struct {
 		Aliases map[string]struct {
 			IsWriteIndex *bool          `json:"is_write_index"`

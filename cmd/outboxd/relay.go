@@ -127,6 +127,7 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	upgradeLayouts(ctx, client, log)
 	streams, err := relay.Partitions(f.streamPrefix, f.partitions)
 	if err != nil {
 		return err
