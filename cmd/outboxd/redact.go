@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +50,8 @@ func (r *redactor) add(s string) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, v := range []string{s, url.QueryEscape(s), url.PathEscape(s), strings.Trim(strconv.Quote(s), `"`)} {
+	q := strconv.Quote(s)
+	for _, v := range []string{s, url.QueryEscape(s), url.PathEscape(s), q[1 : len(q)-1]} {
 		r.secrets[v] = true
 	}
 }
@@ -85,8 +87,14 @@ func (r *redactor) String(s string) string {
 	s = urlPassword.ReplaceAllString(s, "$1:xxxxx@")
 	s = dsnPassword.ReplaceAllString(s, "${1}xxxxx")
 	r.mu.RLock()
-	defer r.mu.RUnlock()
+	known := make([]string, 0, len(r.secrets))
 	for v := range r.secrets {
+		known = append(known, v)
+	}
+	r.mu.RUnlock()
+	// Longest first, so a secret that contains another goes whole.
+	sort.Slice(known, func(i, j int) bool { return len(known[i]) > len(known[j]) })
+	for _, v := range known {
 		s = strings.ReplaceAll(s, v, "xxxxx")
 	}
 	return s
