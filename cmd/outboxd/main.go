@@ -36,9 +36,8 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 
 func main() {
-	// Logs and errors pass through the redactor: a library's error may
-	// quote a connection string, and no output may carry a credential.
-	secrets.addEnv()
+	// Logs and errors pass through the redactor (parseFlags fills it): a
+	// library's error may quote a connection string.
 	stderr := redactWriter{w: os.Stderr, r: secrets}
 	slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel()})))
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
