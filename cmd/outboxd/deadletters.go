@@ -74,7 +74,7 @@ func deadLetters(ctx context.Context, args []string, out io.Writer) error {
 		fs.BoolVar(&f.All, "all", false, "act on every parked dead letter (required when no other selection is given)")
 		fs.StringVar(&operator, "operator", "", "who acts, for the audit log (default: the OS user)")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

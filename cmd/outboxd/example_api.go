@@ -24,13 +24,13 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("example-api", flag.ContinueOnError)
 	db := addDBFlags(fs)
 	es := addESFlags(fs)
-	addr := fs.String("addr", envOr("OUTBOXD_API_ADDR", "127.0.0.1:8080"), "listen address (env OUTBOXD_API_ADDR); loopback by default: X-User-ID is trusted as is")
-	tables := fs.String("tutorials-schema", envOr("OUTBOXD_TUTORIALS_SCHEMA", tutorials.DefaultSchema), "schema of the tutorials and idempotency_keys tables, created at start (env OUTBOXD_TUTORIALS_SCHEMA)")
-	index := fs.String("index", envOr("OUTBOXD_TUTORIALS_INDEX", tutorials.DefaultIndex), "index_name of the events; search reads <index> (env OUTBOXD_TUTORIALS_INDEX)")
-	ttl := fs.Duration("key-ttl", envDuration("OUTBOXD_KEY_TTL", tutorials.DefaultKeyTTL), "how long idempotency keys are remembered (env OUTBOXD_KEY_TTL)")
-	lease := fs.Duration("key-lease", envDuration("OUTBOXD_KEY_LEASE", tutorials.DefaultLease), "how long a PROCESSING key is protected before a retry may take it over (env OUTBOXD_KEY_LEASE)")
-	schedule := fs.String("key-cleanup-schedule", envOr("OUTBOXD_KEY_CLEANUP_SCHEDULE", tutorials.DefaultCleanupSchedule), "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *' (env OUTBOXD_KEY_CLEANUP_SCHEDULE)")
-	if err := fs.Parse(args); err != nil {
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address (or $OUTBOXD_API_ADDR); loopback by default: X-User-ID is trusted as is")
+	tables := fs.String("tutorials-schema", tutorials.DefaultSchema, "schema of the tutorials and idempotency_keys tables, created at start")
+	index := fs.String("index", tutorials.DefaultIndex, "index_name of the events; search reads <index> (or $OUTBOXD_TUTORIALS_INDEX)")
+	ttl := fs.Duration("key-ttl", tutorials.DefaultKeyTTL, "how long idempotency keys are remembered")
+	lease := fs.Duration("key-lease", tutorials.DefaultLease, "how long a PROCESSING key is protected before a retry may take it over")
+	schedule := fs.String("key-cleanup-schedule", tutorials.DefaultCleanupSchedule, "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *'")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -56,7 +56,7 @@ type relayFlags struct {
 func runRelay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch. Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by. Every flag can also be\nset as OUTBOXD_<FLAG> in the environment (e.g. OUTBOXD_ADMIN_ADDR); the command line wins.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch. Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	db := addDBFlags(fs)
@@ -66,9 +66,9 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.streamPrefix, "stream", "default", "stream name (prefix of partition names)")
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
 	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
-	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "approximate bytes per page")
-	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (bounds memory with batch-bytes)")
-	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: (prefetch+in-flight) x batch-bytes)")
+	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
+	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (memory: see --batch-bytes)")
+	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: see --batch-bytes)")
 	fs.IntVar(&f.bulkDocs, "bulk-docs", 1000, "documents per Elasticsearch bulk request")
 	fs.IntVar(&f.bulkBytes, "bulk-bytes", 5<<20, "bytes per Elasticsearch bulk request")
 	fs.IntVar(&f.bulkWorkers, "bulk-workers", 4, "bulk requests in flight")
@@ -170,7 +170,7 @@ func runRelay(ctx context.Context, args []string) error {
 				"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
 				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
 			},
-			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log,
+			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
 		})
 		if err != nil {
 			return err

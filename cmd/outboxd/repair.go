@@ -64,7 +64,7 @@ func runRepair(ctx context.Context, args []string) error {
 	apply := fs.Bool("apply", false, "execute the plan (default: dry run)")
 	backup := fs.String("backup", "", "backup file to create with --apply (must not exist; default outboxd-repair-INDEX-TIMESTAMP.ndjson in --backup-dir)")
 	backupDir := fs.String("backup-dir", ".", "directory for the default backup file")
-	auditLog := fs.String("audit-log", envOr("OUTBOXD_AUDIT_LOG", "outboxd-audit.jsonl"), "audit log to append to (JSON lines; env OUTBOXD_AUDIT_LOG)")
+	auditLog := fs.String("audit-log", "outboxd-audit.jsonl", "audit log to append to (JSON lines)")
 	operator := fs.String("operator", envOr("USER", "unknown"), "operator name recorded in the audit log")
 	asJSON := fs.Bool("json", false, "print the plan (and result) as JSON instead of text")
 	pageSize := fs.Int("page-size", 1000, "documents per scan page")
@@ -72,7 +72,7 @@ func runRepair(ctx context.Context, args []string) error {
 		fmt.Fprint(fs.Output(), repairUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -154,7 +154,7 @@ func runRepair(ctx context.Context, args []string) error {
 func runRepairRestore(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("repair restore", flag.ContinueOnError)
 	es := addESFlags(fs)
-	auditLog := fs.String("audit-log", envOr("OUTBOXD_AUDIT_LOG", "outboxd-audit.jsonl"), "audit log to append to (JSON lines; env OUTBOXD_AUDIT_LOG)")
+	auditLog := fs.String("audit-log", "outboxd-audit.jsonl", "audit log to append to (JSON lines)")
 	operator := fs.String("operator", envOr("USER", "unknown"), "operator name recorded in the audit log")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: outboxd repair restore [flags] BACKUP
@@ -170,7 +170,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {

@@ -35,8 +35,8 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	}
 	db := addDBFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
-	maxAge := fs.Duration("max-age", envDuration("OUTBOXD_STATUS_MAX_AGE", 5*time.Minute), "exit 2 when the oldest unacknowledged event is older than this; 0 disables (env OUTBOXD_STATUS_MAX_AGE)")
-	if err := fs.Parse(args); err != nil {
+	maxAge := fs.Duration("max-age", 5*time.Minute, "exit 2 when the oldest unacknowledged event is older than this; 0 disables (or $OUTBOXD_STATUS_MAX_AGE)")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

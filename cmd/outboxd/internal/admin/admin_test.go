@@ -5,10 +5,15 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
@@ -187,3 +192,31 @@ func TestAdminConfig(t *testing.T) {
 }
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+func TestAdminRedactsErrorTexts(t *testing.T) {
+	t.Parallel()
+	leak := errors.New(`dial "postgres://alice:pw-secret@10.0.0.1/db": refused`)
+	srv, err := admin.New(admin.Config{
+		Addr: "127.0.0.1:0", Gatherer: prometheus.NewRegistry(), Logger: slog.New(slog.DiscardHandler),
+		Stats:  func(context.Context) (*relay.Stats, error) { return nil, leak },
+		Ready:  map[string]func(context.Context) error{"postgres": func(context.Context) error { return leak }},
+		Redact: strings.NewReplacer("pw-secret", "xxxxx").Replace,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	goRun(t, "admin server", srv.Run)
+	for _, path := range []string{"/readyz", "/api/summary"} {
+		t.Run(path+" shows the error without its password", func(t *testing.T) {
+			resp, err := http.Get("http://" + srv.Addr() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if strings.Contains(string(body), "pw-secret") || !strings.Contains(string(body), "alice:xxxxx@10.0.0.1") {
+				t.Fatalf("%s: %s", path, body)
+			}
+		})
+	}
+}

@@ -37,6 +37,9 @@ type Config struct {
 	Role   func() map[string]bool
 	Jobs   func() []jobs.Status
 	Logger *slog.Logger
+	// Redact cleans the error texts the server shows (a library's error
+	// may quote a connection string); default: unchanged.
+	Redact func(string) string
 
 	CacheTTL       time.Duration // Stats cache; default 1s
 	SampleInterval time.Duration // history sampling; default 5s
@@ -81,6 +84,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Redact == nil {
+		cfg.Redact = func(s string) string { return s }
 	}
 	if cfg.CacheTTL <= 0 {
 		cfg.CacheTTL = time.Second

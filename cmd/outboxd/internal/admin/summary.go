@@ -189,7 +189,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 
 	st, err := s.stats.get(ctx)
 	if err != nil {
-		sum.StatsError = err.Error()
+		sum.StatsError = s.cfg.Redact(err.Error())
 	}
 	seen := map[string]bool{}
 	if st != nil {
@@ -234,6 +234,9 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 	sort.Slice(sum.Indexes, func(a, b int) bool { return sum.Indexes[a].Index < sum.Indexes[b].Index })
 	if s.cfg.Jobs != nil {
 		sum.Jobs = s.cfg.Jobs()
+		for i := range sum.Jobs {
+			sum.Jobs[i].LastError = s.cfg.Redact(sum.Jobs[i].LastError)
+		}
 	}
 	return sum
 }
