@@ -28,16 +28,17 @@ type faultProxy struct {
 	*httptest.Server
 	down        atomic.Bool  // close every connection without answering
 	throttleAll atomic.Int32 // answer this many more bulk requests 429 as a whole
+	mu          sync.Mutex
+	reject      func(id string) bool // bulk items answered 429 instead of being forwarded
+	rejected    []string
+
 	// refusePayload answers 403, as a proxy's filter would, every bulk
 	// whose body contains it.
 	refusePayload atomic.Pointer[string]
 	// Elasticsearch 8.17: node info says so (oldVersion) and bulk refuses
 	// include_source_on_error with a 400 (refuseSourceParam).
 	oldVersion, refuseSourceParam atomic.Bool
-	maxBulk   atomic.Int64 // largest bulk body with more than one item
-	mu        sync.Mutex
-	reject    func(id string) bool // bulk items answered 429 instead of being forwarded
-	rejected  []string
+	maxBulk                       atomic.Int64 // largest bulk body with more than one item
 }
 
 func newFaultProxy(t *testing.T) *faultProxy {
