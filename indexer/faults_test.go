@@ -35,10 +35,12 @@ type faultProxy struct {
 	// refusePayload answers 403, as a proxy's filter would, every bulk
 	// whose body contains it.
 	refusePayload atomic.Pointer[string]
-	// Elasticsearch 8.17: node info says so (oldVersion) and bulk refuses
-	// include_source_on_error with a 400 (refuseSourceParam).
-	oldVersion, refuseSourceParam atomic.Bool
-	maxBulk                       atomic.Int64 // largest bulk body with more than one item
+	// An older Elasticsearch: node info names fakeVersion, and bulk refuses
+	// include_source_on_error with a 400 as before 8.18 (refuseSourceParam).
+	fakeVersion       atomic.Pointer[string]
+	refuseSourceParam atomic.Bool
+	maxBulk           atomic.Int64 // largest bulk body with more than one item
+	forbidInfo        atomic.Bool  // 403 to node info and GET /, as for write-only credentials
 }
 
 func newFaultProxy(t *testing.T) *faultProxy {
@@ -57,10 +59,17 @@ func newFaultProxy(t *testing.T) *faultProxy {
 			}
 			return
 		}
-		if p.oldVersion.Load() && strings.HasPrefix(r.URL.Path, "/_nodes") {
+		if p.forbidInfo.Load() && (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/_nodes")) {
 			w.Header().Set("X-Elastic-Product", "Elasticsearch")
 			w.Header().Set("Content-Type", "application/json")
-			io.WriteString(w, `{"nodes":{"n1":{"version":"8.17.0"}}}`)
+			w.WriteHeader(http.StatusForbidden)
+			io.WriteString(w, `{"error":{"type":"security_exception","reason":"action [cluster:monitor/nodes/info] is unauthorized"},"status":403}`)
+			return
+		}
+		if v := p.fakeVersion.Load(); v != nil && strings.HasPrefix(r.URL.Path, "/_nodes") {
+			w.Header().Set("X-Elastic-Product", "Elasticsearch")
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"nodes":{"n1":{"version":"`+*v+`"}}}`)
 			return
 		}
 		if !strings.HasSuffix(r.URL.Path, "/_bulk") {

@@ -220,7 +220,8 @@ func TestSinkServerVersion(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		p := newFaultProxy(t)
-		p.oldVersion.Store(true)
+		v := "8.17.0"
+		p.fakeVersion.Store(&v)
 		p.refuseSourceParam.Store(true)
 		s := newSink(t, Options{Client: client(t, p.URL)})
 		if got := statuses(mustWrite(t, s, upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`))); got != "applied applied" {
@@ -265,7 +266,8 @@ func TestSinkServerVersion(t *testing.T) {
 			t.Fatalf("backlog %d, want 20", n)
 		}
 		// Once the server reports its true version the sink omits the parameter.
-		p.oldVersion.Store(true)
+		v := "8.17.0"
+		p.fakeVersion.Store(&v)
 		waitFor(t, time.Minute, "the backlog drains after the sink re-detects the version", func() bool { return backlogOf(t, pool, schemaName) == 0 })
 		if got := r.Paused(); len(got) != 0 {
 			t.Fatalf("still paused: %v", got)
@@ -275,7 +277,34 @@ func TestSinkServerVersion(t *testing.T) {
 		}
 	})
 
+	t.Run("credentials that cannot read the version assume a current server and apply events", func(t *testing.T) {
+		t.Parallel()
+		es, name := setup(t)
+		p := newFaultProxy(t)
+		p.forbidInfo.Store(true)
+		s := newSink(t, Options{Client: client(t, p.URL)})
+		if got := statuses(mustWrite(t, s, upsert(name, "a", 1, `{}`))); got != "applied" {
+			t.Fatalf("got %s", got)
+		}
+		if docs := searchRead(t, es, name); len(docs) != 1 {
+			t.Fatalf("read alias: %v", docs)
+		}
+	})
+
 	t.Run("an Elasticsearch before 8.0 is a configuration error", func(t *testing.T) {
+		t.Parallel()
+		_, name := setup(t)
+		p := newFaultProxy(t)
+		v := "7.17.28"
+		p.fakeVersion.Store(&v)
+		s := newSink(t, Options{Client: client(t, p.URL)})
+		out, err := s.Write(context.Background(), []relay.Event{upsert(name, "a", 1, `{}`)})
+		if !IsConfig(err) || out != nil || !strings.Contains(err.Error(), "Elasticsearch 7.17.28 is not supported; outboxd needs 8.0 or later") {
+			t.Fatalf("Write: %v %v", out, err)
+		}
+	})
+
+	t.Run("versions from 8.18 take include_source_on_error and unparsable version strings are refused", func(t *testing.T) {
 		t.Parallel()
 		for _, c := range []struct {
 			version string

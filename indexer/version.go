@@ -103,11 +103,17 @@ func (s *Sink) version(ctx context.Context) (serverVersion, error) {
 		return s.ver, nil
 	}
 	v, err := detectVersion(ctx, s.es)
-	if err != nil {
-		var re *ResponseError
-		if errors.As(err, &re) && re.Status != 408 && re.Status != 429 && re.Status < 500 {
-			return v, &ConfigError{Err: err}
-		}
+	var re *ResponseError
+	switch {
+	case errors.As(err, &re) && re.Status == 403:
+		// Credentials that may write but not read the version: assume a
+		// current server. Should it be older, its 400 to the bulk parameter
+		// pauses the relay with a reason that names the parameter.
+		s.logger.Warn("indexer: cannot read the Elasticsearch version; assuming 8.18 or later (grant the monitor cluster privilege to detect it)", "error", err.Error())
+		v = serverVersion{major: 8, minor: 18, number: "unknown"}
+	case errors.As(err, &re) && re.Status != 408 && re.Status != 429 && re.Status < 500:
+		return v, &ConfigError{Err: err}
+	case err != nil:
 		return v, &UnavailableError{Err: err}
 	}
 	if v.major < minMajor {
