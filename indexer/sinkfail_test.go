@@ -340,3 +340,14 @@ func TestCheckIndexSpec(t *testing.T) {
 		}
 	}
 }
+
+func TestSinkRefusedIndexSpecIsAConfigurationError(t *testing.T) {
+	t.Parallel()
+	es, name := setup(t)
+	// Well-formed for NewSink, refused by Elasticsearch when the index is created.
+	s := newSink(t, Options{Client: es, IndexSpec: []byte(`{"mappings":{"properties":{"title":{"type":"txet"}}}}`)})
+	out, err := s.Write(context.Background(), []relay.Event{upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`)})
+	if !IsConfig(err) || out != nil || !strings.Contains(err.Error(), "txet") {
+		t.Fatalf("Write: %v %v, want a configuration error naming the mapping and no outcomes", statuses(out), err)
+	}
+}
