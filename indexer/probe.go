@@ -44,7 +44,9 @@ func (s *Sink) failed(ctx context.Context, w *write, items []int, vt versionType
 		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: f.err.Error(), Outage: true})
 		return
 	}
-	if p := s.probe(ctx, w, w.events[items[0]].IndexName); p.err != nil {
+	// The verdict on one event rests on a probe sent right after its own
+	// failure; halving a larger request can go on a probe of this Write.
+	if p := s.probe(ctx, w, w.events[items[0]].IndexName, len(items) == 1); p.err != nil {
 		s.sinkFault(w, items, p.fail)
 		return
 	}
@@ -85,14 +87,15 @@ func (s *Sink) sinkFault(w *write, items []int, f requestFailure) {
 	s.settleAll(w, items, o)
 }
 
-// probe sends, once per Write, a bulk request with one update of a
-// document with an empty partial document: it changes nothing (a missing
-// document is an item-level 404, an existing one a no-op), but it takes
-// the same path through proxies and the cluster as the events' requests.
-func (s *Sink) probe(ctx context.Context, w *write, index string) probeResult {
+// probe sends a bulk request with one update of a document with an empty
+// partial document: it changes nothing (a missing document is an
+// item-level 404, an existing one a no-op), but it takes the same path
+// through proxies and the cluster as the events' requests. A failure holds
+// for the rest of the Write; a success is reused unless fresh.
+func (s *Sink) probe(ctx context.Context, w *write, index string, fresh bool) probeResult {
 	w.probeMu.Lock()
 	defer w.probeMu.Unlock()
-	if w.probed.done {
+	if w.probed.done && (!fresh || w.probed.err != nil) {
 		return w.probed
 	}
 	body := appendString([]byte(`{"update":{"_index":`), index)

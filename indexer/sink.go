@@ -378,8 +378,8 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	}
 	if w.sourceOnError {
 		// Documents may hold personal data; keep them out of reasons and
-		// logs. Servers before 8.18 refuse the parameter (they never echo
-		// whole documents anyway).
+		// logs. Servers before 8.18 refuse the parameter (and do not add
+		// the source to errors).
 		req.IncludeSourceOnError = &ptrFalse
 	}
 	res, err := req.Do(ctx, s.es)
