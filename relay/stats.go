@@ -23,6 +23,10 @@ type StreamStats struct {
 	LeaderPID     int       `json:"leader_pid"`         // 0 when no relay leads the stream
 	LeaderClient  string    `json:"leader_client,omitempty"`
 	ProgressStale float64   `json:"progress_age_seconds"`
+	// Paused is why the sink fails this stream's writes as a whole (an
+	// outage, or a configuration it refuses), as seen by the relay process
+	// that reports it (see Relay.Paused); empty while events flow.
+	Paused string `json:"paused,omitempty"`
 }
 
 // DeadLetterStats summarizes parked events per index.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -116,6 +117,11 @@ func runRelay(ctx context.Context, args []string) error {
 		if spec, err = os.ReadFile(f.indexSpec); err != nil {
 			return fmt.Errorf("index-spec: %w", err)
 		}
+		// Checked by the server before any event is taken: a spec it will
+		// not create would otherwise surface only at the first event.
+		if err := indexer.CheckIndexSpec(ctx, client, spec); err != nil {
+			return fmt.Errorf("index-spec %s: %w", f.indexSpec, err)
+		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -165,10 +171,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if f.adminAddr != "" {
 		srv, err := admin.New(admin.Config{
 			Addr: f.adminAddr, Token: f.adminToken, Gatherer: reg,
-			Stats: func(ctx context.Context) (*relay.Stats, error) { return relay.CollectStats(ctx, pool, db.schema) },
+			Stats: func(ctx context.Context) (*relay.Stats, error) { return statsWithPaused(ctx, pool, db.schema, r) },
 			Ready: map[string]func(context.Context) error{
 				"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
 				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
+				"sink":          func(context.Context) error { return pausedError(r) },
 			},
 			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
 		})
@@ -245,4 +252,37 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		slog.Info("reconcile finished", "index", f.reconcileIndex, "drifted", rep.Drifted(), "counts", rep.Counts, "fix_events", rep.Events)
 		return nil
 	})
+}
+
+// statsWithPaused adds to the outbox's figures why this process's streams
+// are paused, if they are.
+func statsWithPaused(ctx context.Context, pool *pgxpool.Pool, schemaName string, r *relay.Relay) (*relay.Stats, error) {
+	st, err := relay.CollectStats(ctx, pool, schemaName)
+	if err != nil {
+		return nil, err
+	}
+	paused := r.Paused()
+	for i := range st.Streams {
+		st.Streams[i].Paused = paused[st.Streams[i].Stream]
+	}
+	return st, nil
+}
+
+// pausedError makes /readyz not ready while a stream's sink writes fail as
+// a whole: Elasticsearch may answer pings and still refuse every bulk.
+func pausedError(r *relay.Relay) error {
+	paused := r.Paused()
+	if len(paused) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(paused))
+	for s := range paused {
+		names = append(names, s)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, s := range names {
+		parts[i] = "stream " + s + " paused: " + paused[s]
+	}
+	return errors.New(strings.Join(parts, "; "))
 }
