@@ -98,7 +98,7 @@ func (s *Sink) probe(ctx context.Context, w *write, index string, fresh bool) pr
 	if w.probed.done && (!fresh || w.probed.err != nil) {
 		return w.probed
 	}
-	body := appendString([]byte(`{"update":{"_index":`), index)
+	body := appendString([]byte(`{"update":{"_index":`), WriteAlias(index))
 	body = append(body, `,"_id":"outboxd-probe"}}`+"\n"+`{"doc":{}}`+"\n"...)
 	req := esapi.BulkRequest{Body: bytes.NewReader(body), FilterPath: []string{"errors"}, RequireAlias: &ptrTrue}
 	if w.sourceOnError {
