@@ -11,6 +11,8 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
+
+	"github.com/outboxd/outboxd/relay"
 )
 
 // ReadFilter is the filter of every read alias N-read: tombstones are
@@ -81,22 +83,14 @@ func indexBody(spec []byte) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// checkName applies Elasticsearch's index name rules to name and the names
-// derived from it.
+// checkName applies the rules every event's index_name passed at append
+// (relay.ValidateIndexName): Elasticsearch's, outboxd's reserved suffixes
+// and room for the derived names. It runs again here for events appended
+// before those rules existed.
 func checkName(name string) error {
-	switch {
-	case name == "":
-		return &NameError{name, "must not be empty"}
-	case name == "." || name == "..":
-		return &NameError{name, `must not be "." or ".."`}
-	case strings.ContainsAny(name[:1], "-_+"):
-		return &NameError{name, "must not start with '-', '_' or '+'"}
-	case strings.ToLower(name) != name:
-		return &NameError{name, "must be lowercase"}
-	case strings.ContainsAny(name, "\\/*?\"<>| ,#:"):
-		return &NameError{name, `must not contain \ / * ? " < > | space , # :`}
-	case len(FirstIndex(name)) > 255:
-		return &NameError{name, "too long: at most 248 bytes (Elasticsearch allows 255 and outboxd appends -000001)"}
+	var ve *relay.ValidationError
+	if err := relay.ValidateIndexName(name); errors.As(err, &ve) {
+		return &NameError{name, ve.Reason}
 	}
 	return nil
 }
@@ -188,12 +182,23 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 	case r.index(read):
 		return false, &IncompatibleError{name, read + " is a concrete index, but outboxd needs it to be the filtered read alias"}
 	}
+	readTargets := r.alias(read)
 	if targets := r.alias(name); targets != nil {
-		return checkAliases(ctx, es, name, targets, r.alias(read) != nil)
+		if len(targets) == 1 {
+			if err := foreignTarget(name, name, targets[0]); err != nil {
+				return false, err
+			}
+		}
+		return checkAliases(ctx, es, name, targets, readTargets)
+	}
+	for _, t := range readTargets {
+		if t != first {
+			return false, foreignTarget(name, read, t)
+		}
 	}
 	if r.index(first) {
 		// Created by hand, or its aliases were removed: adopt it.
-		return false, addAliases(ctx, es, first, name, read, r.alias(read) == nil)
+		return false, addAliases(ctx, es, first, name, read, readTargets == nil)
 	}
 	create := append(append(body[:len(body)-1:len(body)-1], `,"aliases":{`...), aliasesJSON(name, read)...)
 	create = append(create, "}}"...)
@@ -229,14 +234,38 @@ func addAliases(ctx context.Context, es *elasticsearch.Client, index, name, read
 	return err
 }
 
+// foreignTarget refuses alias (name or its read alias) when it points at
+// index, the concrete index of another outboxd index: writing or reading
+// through it would mix that index's documents with name's. It returns an
+// *IncompatibleError, or nil for any other index.
+func foreignTarget(name, alias, index string) error {
+	s := relay.ReservedSuffix(index)
+	if len(s) != len(FirstIndex("")) {
+		return nil // not an N-000001 style name: an index made by hand
+	}
+	if owner := index[:len(index)-len(s)]; owner != name {
+		return &IncompatibleError{name, fmt.Sprintf("alias %s already points at %s, the concrete index of outboxd index %q; outboxd would mix the documents of %q and %q", alias, index, owner, name, owner)}
+	}
+	return nil
+}
+
 // checkAliases verifies an existing write alias and completes what is
 // missing without touching anything that exists.
-func checkAliases(ctx context.Context, es *elasticsearch.Client, name string, targets []string, haveRead bool) (bool, error) {
+func checkAliases(ctx context.Context, es *elasticsearch.Client, name string, targets, readTargets []string) (bool, error) {
 	read := ReadAlias(name)
 	if len(targets) != 1 {
 		return false, &IncompatibleError{name, fmt.Sprintf("the alias points at %d indices (%s); versions are only compared within one index, so outboxd needs exactly one", len(targets), strings.Join(targets, ", "))}
 	}
 	index := targets[0]
+	for _, t := range readTargets {
+		if t != index {
+			if err := foreignTarget(name, read, t); err != nil {
+				return false, err
+			}
+			return false, &IncompatibleError{name, read + " points at " + strings.Join(readTargets, ", ") + "; outboxd needs it on " + index + " alone, the index behind " + name}
+		}
+	}
+	haveRead := readTargets != nil
 	names := []string{name}
 	if haveRead {
 		names = append(names, read)
@@ -262,7 +291,7 @@ func checkAliases(ctx context.Context, es *elasticsearch.Client, name string, ta
 	}
 	ra, ok := got[index].Aliases[read]
 	if !ok {
-		return false, &IncompatibleError{name, read + " exists but does not cover " + index + ", the index behind " + name}
+		return false, nil // the read alias changed since resolving; look again
 	}
 	if !jsonEqual(ra.Filter, []byte(ReadFilter)) {
 		return false, &IncompatibleError{name, read + " has filter " + string(ra.Filter) + "; outboxd needs " + ReadFilter + " so tombstones stay hidden"}

@@ -110,6 +110,13 @@ func badEvents() []badEvent {
 		{name: "an index name of 256 bytes", field: "index_name", index: strings.Repeat("i", 256)},
 		{name: "the index name .", field: "index_name", index: "."},
 		{name: "the index name ..", field: "index_name", index: ".."},
+		{name: "an index name starting with .", field: "index_name", index: ".x"},
+		{name: "an index name of 249 bytes", field: "index_name", index: strings.Repeat("i", 249)},
+		{name: "an index name with a non-ASCII capital", field: "index_name", index: "Ünicode"},
+		{name: "the reserved index name x-read", field: "index_name", index: "x-read"},
+		{name: "the reserved index name x-write", field: "index_name", index: "x-write"},
+		{name: "the reserved index name x-000001", field: "index_name", index: "x-000001"},
+		{name: "the reserved index name x-123456", field: "index_name", index: "x-123456"},
 	}
 	for _, c := range []string{`\`, `/`, `*`, `?`, `"`, `<`, `>`, `|`, `,`, `#`, ` `, `:`} {
 		what := fmt.Sprintf("%q", c)
@@ -279,7 +286,8 @@ func TestAppendSQL(t *testing.T) {
 		e := setup(t)
 		ctx := t.Context()
 		source := strings.Repeat("s", 512)
-		for _, index := range []string{strings.Repeat("i", 255), "a-b_c.d+e", "x.", "ünïcode"} {
+		// 248 bytes: outboxd's concrete index N-000001 must fit Elasticsearch's 255.
+		for _, index := range []string{strings.Repeat("i", 248), "a-b_c.d+e", "x.", "ünïcode", "x-reader", "x-00001", "x-0000001", "read", "x-read.v2"} {
 			if _, err := e.pool.Exec(ctx, `SELECT `+e.ident+`.append($1, $2, 1, 'upsert', '{}')`, index, source); err != nil {
 				t.Errorf("append %q: %v", index, err)
 			}
@@ -287,8 +295,8 @@ func TestAppendSQL(t *testing.T) {
 				t.Errorf("INSERT %q: %v", index, err)
 			}
 		}
-		if n := e.count(t, `source_id = $1`, source); n != 8 {
-			t.Fatalf("%d events, want 8", n)
+		if n := e.count(t, `source_id = $1`, source); n != 18 {
+			t.Fatalf("%d events, want 18", n)
 		}
 	})
 }
