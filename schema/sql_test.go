@@ -468,6 +468,58 @@ func TestCapture(t *testing.T) {
 		}
 	})
 
+	t.Run("an update that changes the id deletes the old id above its version and upserts the new one", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		tbl := e.ident + `.moves`
+		exec(t, e.pool, `CREATE TABLE `+tbl+` (id bigint PRIMARY KEY, title text, version bigint NOT NULL DEFAULT 1)`)
+		exec(t, e.pool, `SELECT `+e.ident+`.capture($1, 'moves', 'id', 'version')`, tbl)
+
+		exec(t, e.pool, `INSERT INTO `+tbl+` (id, title) VALUES (1, 'a')`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET title = 'b', version = 4 WHERE id = 1`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET id = 2, version = version + 1 WHERE id = 1`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET title = 'c', version = version + 1 WHERE id = 2`)
+		// The chosen rule for a re-used id: its version column restarts at
+		// 1, below the old id's tombstone (5), so Elasticsearch keeps it
+		// hidden until its version passes 5.
+		exec(t, e.pool, `INSERT INTO `+tbl+` (id, title) VALUES (1, 'again')`)
+
+		want := []event{
+			{"upsert", "1", `{"id": 1, "title": "a", "version": 1}`, "moves.inserted", 1},
+			{"upsert", "1", `{"id": 1, "title": "b", "version": 4}`, "moves.updated", 4},
+			{"delete", "1", "", "moves.deleted", 5},
+			{"upsert", "2", `{"id": 2, "title": "b", "version": 5}`, "moves.updated", 5},
+			{"upsert", "2", `{"id": 2, "title": "c", "version": 6}`, "moves.updated", 6},
+			{"upsert", "1", `{"id": 1, "title": "again", "version": 1}`, "moves.inserted", 1},
+		}
+		if got := events(t, e, "moves"); !slices.Equal(got, want) {
+			t.Fatalf("events\n got %+v\nwant %+v", got, want)
+		}
+	})
+
+	t.Run("without a version column a moved or re-used id continues the outbox counter", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		tbl := e.ident + `.codes`
+		exec(t, e.pool, `CREATE TABLE `+tbl+` (code text PRIMARY KEY)`)
+		exec(t, e.pool, `SELECT `+e.ident+`.capture($1, 'codes', 'code')`, tbl)
+
+		exec(t, e.pool, `INSERT INTO `+tbl+` VALUES ('a')`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET code = 'b' WHERE code = 'a'`)
+		exec(t, e.pool, `INSERT INTO `+tbl+` VALUES ('a')`)
+
+		want := []event{
+			{"upsert", "a", `{"code": "a"}`, "codes.inserted", 1},
+			{"delete", "a", "", "codes.deleted", 2},
+			{"upsert", "b", `{"code": "b"}`, "codes.updated", 1},
+			// Above the tombstone at 2: the re-inserted row is visible.
+			{"upsert", "a", `{"code": "a"}`, "codes.inserted", 3},
+		}
+		if got := events(t, e, "codes"); !slices.Equal(got, want) {
+			t.Fatalf("events\n got %+v\nwant %+v", got, want)
+		}
+	})
+
 	t.Run("uncapture stops the events and capture twice installs one trigger", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
