@@ -175,8 +175,20 @@ func TestBootstrap(t *testing.T) {
 				t.Errorf("%s: %s was created: %d", c.what, FirstIndex(name), st)
 			}
 		}
+		// A bootstrapped index whose read alias was also added to owner's index.
+		_, name := setup(t)
+		if err := Bootstrap(context.Background(), es, name, nil); err != nil {
+			t.Fatal(err)
+		}
+		if st, b := esCall(t, es, "PUT", "/"+FirstIndex(owner)+"/_alias/"+ReadAlias(name), ""); st != 200 {
+			t.Fatalf("add alias: %d %s", st, b)
+		}
+		err := Bootstrap(context.Background(), es, name, nil)
+		if !IsIncompatible(err) || !strings.Contains(err.Error(), ReadAlias(name)+" already points at "+FirstIndex(owner)) {
+			t.Errorf("a read alias spanning two indexes: got %v, want a refusal naming %s", err, FirstIndex(owner))
+		}
 		st, b := esCall(t, es, "GET", "/"+FirstIndex(owner)+"/_alias", "")
-		if st != 200 || strings.Count(string(b), `-read"`) != 2 {
+		if st != 200 || strings.Count(string(b), `-read"`) != 3 {
 			t.Fatalf("aliases of %s changed by the refused bootstraps: %s", FirstIndex(owner), b)
 		}
 	})
