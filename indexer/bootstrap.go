@@ -11,6 +11,8 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
+
+	"github.com/outboxd/outboxd/relay"
 )
 
 // ReadFilter is the filter of the search names N and N-read: tombstones
@@ -87,22 +89,14 @@ func indexBody(spec []byte) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// checkName applies Elasticsearch's index name rules to name and the names
-// derived from it.
+// checkName applies the rules every event's index_name passed at append
+// (relay.ValidateIndexName): Elasticsearch's, outboxd's reserved suffixes
+// and room for the derived names. It runs again here for events appended
+// before those rules existed.
 func checkName(name string) error {
-	switch {
-	case name == "":
-		return &NameError{name, "must not be empty"}
-	case name == "." || name == "..":
-		return &NameError{name, `must not be "." or ".."`}
-	case strings.ContainsAny(name[:1], "-_+"):
-		return &NameError{name, "must not start with '-', '_' or '+'"}
-	case strings.ToLower(name) != name:
-		return &NameError{name, "must be lowercase"}
-	case strings.ContainsAny(name, "\\/*?\"<>| ,#:"):
-		return &NameError{name, `must not contain \ / * ? " < > | space , # :`}
-	case len(FirstIndex(name)) > 255:
-		return &NameError{name, "too long: at most 248 bytes (Elasticsearch allows 255 and outboxd appends -000001)"}
+	var ve *relay.ValidationError
+	if err := relay.ValidateIndexName(name); errors.As(err, &ve) {
+		return &NameError{name, ve.Reason}
 	}
 	return nil
 }
@@ -201,23 +195,30 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 			return false, &IncompatibleError{name, n + " is a concrete index, but outboxd needs it to be an alias"}
 		}
 	}
-	var index string
-	switch {
-	case r.alias(write) != nil:
-		if t := r.alias(write); len(t) != 1 {
-			return false, &IncompatibleError{name, fmt.Sprintf("%s points at %d indices (%s); versions are only compared within one index, so outboxd needs exactly one", write, len(t), strings.Join(t, ", "))}
+	// The index the layout lives on: the one behind the write alias, else
+	// behind name (the layout of older releases, or made by hand: upgraded
+	// in place), else name-000001, adopted or created.
+	index := first
+	for _, n := range []string{write, name} {
+		if t := r.alias(n); t != nil {
+			if len(t) != 1 {
+				return false, &IncompatibleError{name, fmt.Sprintf("%s points at %d indices (%s); versions are only compared within one index, so outboxd needs exactly one", n, len(t), strings.Join(t, ", "))}
+			}
+			if err := foreignOwner(name, n, t[0]); err != nil {
+				return false, err
+			}
+			index = t[0]
+			break
 		}
-		index = r.alias(write)[0]
-	case r.alias(name) != nil:
-		// The layout of older releases (name the write alias), or made by
-		// hand: upgraded in place below.
-		if t := r.alias(name); len(t) != 1 {
-			return false, &IncompatibleError{name, fmt.Sprintf("the alias points at %d indices (%s); versions are only compared within one index, so outboxd needs exactly one", len(t), strings.Join(t, ", "))}
+	}
+	for _, n := range []string{write, name, read} {
+		for _, t := range r.alias(n) {
+			if t != index {
+				return false, foreignTarget(name, n, t, index)
+			}
 		}
-		index = r.alias(name)[0]
-	case r.index(first):
-		index = first // created by hand, or its aliases were removed: adopt it
-	default:
+	}
+	if r.alias(write) == nil && r.alias(name) == nil && !r.index(first) {
 		create := append(append(body[:len(body)-1:len(body)-1], `,"aliases":{`...), aliasesJSON(name)...)
 		create = append(create, "}}"...)
 		_, err = perform(ctx, es, "create index "+first, esapi.IndicesCreateRequest{Index: first, Body: bytes.NewReader(create)})
@@ -227,12 +228,29 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 		}
 		return false, err
 	}
-	for _, n := range []string{name, read} {
-		if t := r.alias(n); t != nil && (len(t) != 1 || t[0] != index) {
-			return false, &IncompatibleError{name, n + " points at " + strings.Join(t, ", ") + ", not at " + index + ", the index behind " + write + "; outboxd will not move an alias another index uses"}
+	return checkAliases(ctx, es, name, index)
+}
+
+// foreignTarget refuses alias (one of name's) pointing at index other
+// than want, the index behind name: reading or writing through it would
+// mix two indexes' documents, and outboxd never moves an alias another
+// index uses.
+func foreignTarget(name, alias, index, want string) error {
+	if err := foreignOwner(name, alias, index); err != nil {
+		return err
+	}
+	return &IncompatibleError{name, alias + " points at " + index + ", not at " + want + ", the index behind " + name + "; outboxd will not move an alias another index uses"}
+}
+
+// foreignOwner refuses alias pointing at index when index is the concrete
+// index (M-NNNNNN) of another outboxd index M.
+func foreignOwner(name, alias, index string) error {
+	if s := relay.ReservedSuffix(index); len(s) == len(FirstIndex("")) {
+		if owner := index[:len(index)-len(s)]; owner != name {
+			return &IncompatibleError{name, fmt.Sprintf("alias %s already points at %s, the concrete index of outboxd index %q; outboxd would mix the documents of %q and %q", alias, index, owner, name, owner)}
 		}
 	}
-	return checkAliases(ctx, es, name, index)
+	return nil
 }
 
 // writeTarget returns the name through which name's tombstones are seen

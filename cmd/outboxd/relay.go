@@ -52,6 +52,7 @@ type relayFlags struct {
 	reconcileIndex          string
 	reconcileSQL            string
 	reconcileApply          bool
+	reconcileSQLTimeout     time.Duration
 }
 
 func runRelay(ctx context.Context, args []string) error {
@@ -94,6 +95,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.reconcileIndex, "reconcile-index", "", "index name the scheduled reconcile checks")
 	fs.StringVar(&f.reconcileSQL, "reconcile-sql", "", "SQL returning source_id, version, document for the scheduled reconcile")
 	fs.BoolVar(&f.reconcileApply, "reconcile-apply", false, "let the scheduled reconcile append fix events (default: report only)")
+	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", indexer.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -241,10 +243,13 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 	if f.reconcileSchedule != "" && (f.reconcileIndex == "" || strings.TrimSpace(f.reconcileSQL) == "") {
 		return errors.New("reconcile-schedule: needs --reconcile-index and --reconcile-sql")
 	}
+	if f.reconcileSQLTimeout <= 0 {
+		return fmt.Errorf("reconcile-sql-timeout: must be > 0, got %s", f.reconcileSQLTimeout)
+	}
 	return s.Add("reconcile", f.reconcileSchedule, func(ctx context.Context) error {
 		rep, err := indexer.Reconcile(ctx, indexer.ReconcileOptions{
 			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: f.reconcileSQL,
-			Apply: f.reconcileApply, Operator: "scheduler",
+			SourceTimeout: f.reconcileSQLTimeout, Apply: f.reconcileApply, Operator: "scheduler",
 		})
 		if err != nil {
 			return err
