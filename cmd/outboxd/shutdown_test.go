@@ -54,7 +54,7 @@ func startCommand(t *testing.T, args ...string) (*exec.Cmd, *syncBuffer) {
 	return cmd, out
 }
 
-// README, "Operations": an idle relay exits within 1s of SIGTERM, with
+// README, "Shutdown": an idle relay exits within 1s of SIGTERM, with
 // status 0, whatever else is connected to it.
 func TestRelayExitsPromptlyOnSIGTERM(t *testing.T) {
 	t.Parallel()
