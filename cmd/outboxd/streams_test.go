@@ -168,3 +168,21 @@ func TestStreamsAbandonedAfterPartitionsChange(t *testing.T) {
 		}
 	})
 }
+
+func TestStreamsBadInput(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"drop", "--operator", "alice"}, "name: drop needs the stream's name"},
+		{[]string{"list", "--abandoned-after", "0s"}, "abandoned-after: must be > 0"},
+		{[]string{"list", "extra"}, `unexpected argument "extra"`},
+		{[]string{"rename"}, `unknown action "rename"`},
+	} {
+		err := streams(context.Background(), c.args, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("streams %v: err = %v, want %q", c.args, err, c.want)
+		}
+	}
+}
