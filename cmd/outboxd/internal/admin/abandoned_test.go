@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
@@ -21,6 +22,24 @@ func TestAdminSummaryShowsAbandonedStreams(t *testing.T) {
 	}
 	e.startAdmin(t, admin.Config{})
 
+	t.Run("the summary counts it apart from streams without a leader", func(t *testing.T) {
+		summaryShowsAbandoned(t, e)
+	})
+	t.Run("the page marks it and says how to drop it", func(t *testing.T) {
+		dom := headless(t, chromium(t), e.base+"/", "--dump-dom")
+		for _, want := range []string{`data-abandoned="1"`, `>abandoned streams<`, "outboxd streams drop NAME"} {
+			if !strings.Contains(dom, want) {
+				t.Fatalf("the page has no %s", want)
+			}
+		}
+		if strings.Contains(dom, `id="stream-abandoned" style="display: none;"`) || strings.Contains(dom, `id="stream-abandoned" style="display:none"`) {
+			t.Fatal("the note on abandoned streams is hidden")
+		}
+	})
+}
+
+func summaryShowsAbandoned(t *testing.T, e *testEnv) {
+	t.Helper()
 	code, body, _ := e.get(t, "/api/summary")
 	if code != 200 {
 		t.Fatalf("/api/summary: %d %s", code, body)
