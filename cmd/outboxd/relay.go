@@ -175,7 +175,7 @@ func runRelay(ctx context.Context, args []string) error {
 		_ = sched.Stop(stopCtx)
 	}()
 
-	// Stays nil (never ready) without an admin server.
+	// nil without an admin server: then there is nothing to wait for.
 	var adminErr chan error
 	if f.adminAddr != "" {
 		adminErr = make(chan error, 1)
