@@ -25,7 +25,7 @@ func TestRelayDeliversWhileEveryJobRuns(t *testing.T) {
 	index := schematest.Name("jobs-")
 	ref := index + "-ref"
 	t.Cleanup(func() {
-		req, _ := http.NewRequest("DELETE", esURL+"/"+index+"*,"+ref+"*?ignore_unavailable=true&allow_no_indices=true", nil)
+		req, _ := http.NewRequest("DELETE", esURL+"/"+index+"-000001,"+index+","+ref+"-000001,"+ref+"?ignore_unavailable=true", nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 		}
@@ -78,7 +78,9 @@ func TestRelayDeliversWhileEveryJobRuns(t *testing.T) {
 		"--database-url", dbURL + sep + "pool_max_conns=4", "--schema", e.schema, "--elasticsearch-url", esURL,
 		"--admin-addr", "", "--lease-interval", "100ms",
 		"--retention", "0s", "--retention-schedule", "@every 1s",
-		"--tombstone-purge-schedule", "@every 1s",
+		// The purge visits every managed index on the shared node: a
+		// horizon of ten years leaves other tests' tombstones alone.
+		"--tombstone-purge-schedule", "@every 1s", "--tombstone-horizon", "87600h",
 		"--deadletter-retry-schedule", "@every 1s",
 		"--reconcile-schedule", "@every 1s", "--reconcile-apply", "--reconcile-index", ref,
 		"--reconcile-sql", `SELECT 'r' || i, 1::bigint, '{"n":1}'::jsonb FROM generate_series(0, 2999) i WHERE pg_sleep(0.001) IS NOT NULL`,

@@ -102,7 +102,8 @@ func TestRelayExitsPromptlyOnSIGTERM(t *testing.T) {
 	})
 	t.Run("with the wake-up listener and every job scheduled", func(t *testing.T) {
 		idle(t, []string{"--admin-addr", "", "--wakeup", "--retention-schedule", "@every 1s",
-			"--tombstone-purge-schedule", "@every 1s", "--deadletter-retry-schedule", "@every 1s"}, nil)
+			"--tombstone-purge-schedule", "@every 1s", "--tombstone-horizon", "87600h", // other tests' tombstones stay
+			"--deadletter-retry-schedule", "@every 1s"}, nil)
 	})
 	t.Run("with a dashboard connection idle between requests", func(t *testing.T) {
 		addr := freeAddr(t)
