@@ -31,7 +31,7 @@ type BackfillOptions struct {
 	SourceSQL string
 	// Restart starts over even when an interrupted backfill of Index could
 	// be continued.
-	Restart bool
+	Restart       bool
 	Batch         int           // rows per FETCH and per Sink.Write; default 4000
 	InFlight      int           // batches at the sink at once; default 2
 	MaxAttempts   int           // tries of an event answered Retry; default 10

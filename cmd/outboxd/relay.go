@@ -53,6 +53,8 @@ type relayFlags struct {
 	reconcileSQL            string
 	reconcileApply          bool
 	reconcileSQLTimeout     time.Duration
+	jobTimeout              time.Duration
+	abandonedAfter          time.Duration
 }
 
 func runRelay(ctx context.Context, args []string) error {
@@ -96,8 +98,16 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.reconcileSQL, "reconcile-sql", "", "SQL returning source_id, version, document for the scheduled reconcile")
 	fs.BoolVar(&f.reconcileApply, "reconcile-apply", false, "let the scheduled reconcile append fix events (default: report only)")
 	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", indexer.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
+	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "deadline of one scheduled job run; a run still going then is cancelled and recorded as failed")
+	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if f.jobTimeout <= 0 {
+		return fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
+	}
+	if f.abandonedAfter <= 0 {
+		return fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
 	}
 	log := slog.Default()
 
@@ -158,8 +168,13 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 
-	sched := jobs.New(jobs.Config{Pool: pool, Schema: db.schema, Registerer: reg, Logger: log})
-	if err := addJobs(sched, pool, client, db.schema, f); err != nil {
+	jobPool, err := newJobPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer jobPool.Close()
+	sched := jobs.New(jobs.Config{Pool: jobPool, Schema: db.schema, Timeout: f.jobTimeout, Registerer: reg, Logger: log})
+	if err := addJobs(sched, jobPool, client, db.schema, f); err != nil {
 		return err
 	}
 	sched.Start()
@@ -169,11 +184,19 @@ func runRelay(ctx context.Context, args []string) error {
 		_ = sched.Stop(stopCtx)
 	}()
 
-	adminErr := make(chan error, 1)
+	// nil without an admin server: then there is nothing to wait for.
+	var adminErr chan error
 	if f.adminAddr != "" {
+		adminErr = make(chan error, 1)
 		srv, err := admin.New(admin.Config{
 			Addr: f.adminAddr, Token: f.adminToken, Gatherer: reg,
-			Stats: func(ctx context.Context) (*relay.Stats, error) { return statsWithPaused(ctx, pool, db.schema, r) },
+			Stats: func(ctx context.Context) (*relay.Stats, error) {
+				st, err := statsWithPaused(ctx, pool, db.schema, r)
+				if err == nil {
+					st.MarkAbandoned(f.abandonedAfter)
+				}
+				return st, err
+			},
 			Ready: map[string]func(context.Context) error{
 				"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
 				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
@@ -193,12 +216,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	select {
-	case err := <-adminErr:
-		if err != nil && !errors.Is(err, context.Canceled) {
+	if adminErr != nil {
+		// The admin server stops within its own short grace.
+		if err := <-adminErr; err != nil && !errors.Is(err, context.Canceled) {
 			return err
 		}
-	case <-time.After(f.shutdown):
 	}
 	log.Info("relay stopped")
 	return nil

@@ -116,7 +116,8 @@ type Totals struct {
 	Parked         int64   `json:"dead_letters_parked"`
 	Retained       int64   `json:"events_retained"`
 	Streams        int     `json:"streams"`
-	LeaderlessLive int     `json:"streams_without_leader"`
+	LeaderlessLive int     `json:"streams_without_leader"` // abandoned streams excluded
+	Abandoned      int     `json:"streams_abandoned"`
 	LeadingHere    int     `json:"streams_led_here"`
 }
 
@@ -206,7 +207,13 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 			sum.Streams = append(sum.Streams, v)
 			sum.Totals.Backlog += ss.Backlog
 			sum.Totals.OldestAge = max(sum.Totals.OldestAge, ss.OldestAge)
-			if ss.LeaderPID == 0 {
+			switch {
+			case ss.Abandoned:
+				// Left behind by a change of partitions, stream or
+				// indexes: nobody should lead it, but it holds
+				// retention back until dropped.
+				sum.Totals.Abandoned++
+			case ss.LeaderPID == 0:
 				sum.Totals.LeaderlessLive++
 			}
 		}
