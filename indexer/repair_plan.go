@@ -247,7 +247,8 @@ func repairAtLeastAsNew(t, l RepairDoc) bool {
 // Live documents are ranked among themselves, tombstones among
 // themselves. A tombstone is an "invalid" document and never wins over a
 // live one by the ordinary rules, with one exception that matters: when
-// the newest tombstone's version is at least the newest live version, the
+// the newest tombstone's version is at least the newest live version (a
+// business version counting as newer than none; see repairAtLeastAsNew), the
 // source was deleted after (or at the same version as) every live copy was
 // written. Keeping a live copy would be a resurrection, exactly what the
 // versioned pipeline exists to prevent, so the tombstone is the keeper
