@@ -159,9 +159,12 @@ func (p *RepairPlan) WriteText(w io.Writer) error {
 		}
 	}
 	s := p.Summary()
-	missing := "left alone; --include-missing-key groups those without source_id by _id"
-	if p.IncludeMissingKey {
+	missing := "left alone"
+	switch {
+	case p.IncludeMissingKey:
 		missing = fmt.Sprintf("left alone; %d more without a source_id field grouped by _id", s.KeyedByID)
+	case slices.Contains(p.Key, "source_id"):
+		missing = "left alone; --include-missing-key groups those without a source_id field by _id"
 	}
 	fmt.Fprintf(bw, "summary: index %s (%s), key %s: scanned %d documents, %d keys, %d without key (%s); %d groups to repair (%d with duplicates, %d stay deleted, %d conflicts skipped): remove %d documents, rewrite %d keepers (%d new _ids)\n",
 		p.Index, strings.Join(p.Indices, ","), strings.Join(p.Key, ","), s.Scanned, s.Keys, s.Ungroupable, missing, s.Groups, s.Duplicated, s.Deleted, s.Conflicts, s.Remove, s.Rewrite, s.Create)
@@ -193,6 +196,10 @@ func (e *repairErrWriter) Write(b []byte) (int, error) {
 // only document is not at _id = source_id in the write index (a legacy
 // random _id, or a copy left in an older index): a later outbox event
 // would otherwise create a second copy beside it.
+//
+// Documents without the key (see RepairOptions.IncludeMissingKey) are
+// counted as Ungroupable and never written: a rewrite whose new _id holds
+// one is a conflict.
 func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOptions) (*RepairPlan, error) {
 	if opts.Index == "" {
 		return nil, fmt.Errorf("indexer: repair: index: must not be empty")
@@ -206,12 +213,15 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 	if opts.UpdatedField == "" {
 		opts.UpdatedField = "updated_at"
 	}
+	keyHasSourceID := slices.Contains(opts.Key, "source_id")
+	if opts.IncludeMissingKey && !keyHasSourceID {
+		return nil, fmt.Errorf("indexer: repair: include_missing_key: only a key with source_id can fall back to _id; documents without %s have nothing to group by", strings.Join(opts.Key, ","))
+	}
 	indices, writeIndex, err := repairResolve(ctx, es, opts.Index)
 	if err != nil {
 		return nil, err
 	}
 	plan := &RepairPlan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField, IncludeMissingKey: opts.IncludeMissingKey}
-	keyHasSourceID := slices.Contains(opts.Key, "source_id")
 	if n, err := scanCount(ctx, es, indices); err == nil {
 		opts.Progress.SetTotal(n)
 	}

@@ -305,3 +305,11 @@ func TestRepairLeavesDocumentsWithoutTheKeyAlone(t *testing.T) {
 		}
 	})
 }
+
+func TestRepairIncludeMissingKeyNeedsSourceID(t *testing.T) {
+	t.Parallel()
+	_, err := PlanRepair(context.Background(), nil, RepairOptions{Index: "x", Key: []string{"canonical_url"}, IncludeMissingKey: true})
+	if err == nil || !strings.Contains(err.Error(), "include_missing_key") {
+		t.Fatalf("err %v, want an include_missing_key error", err)
+	}
+}

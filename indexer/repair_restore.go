@@ -243,6 +243,10 @@ func (r *restoreRecords) restoreBatch(ctx context.Context, es *elasticsearch.Cli
 			skip(e, "not restored: "+why)
 			continue
 		}
+		if _, kept := r.kept[e.Key]; !rewritten && !kept {
+			skip(e, "not restored: the backup has no record of the group's document (gone before the repair), so a later write cannot be ruled out")
+			continue
+		}
 		switch {
 		case atTarget && e.Kind == BackupCreated:
 			repairAction(&buf, "delete", map[string]any{"_index": e.Index, "_id": e.ID, "if_seq_no": w.SeqNo, "if_primary_term": w.PrimaryTerm}, nil)
