@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -201,14 +202,25 @@ func repairWriteBackup(ctx context.Context, es *elasticsearch.Client, plan *Repa
 	}
 	var wants []want
 	flush := func() error {
-		refs := make([]repairRef, len(wants))
-		for i, x := range wants {
-			refs[i] = x.ref
+		// Keepers left in place need no source: one mget for them, one
+		// with sources for the rest.
+		var docs, kept []repairRef
+		for _, x := range wants {
+			if x.kind == BackupKept {
+				kept = append(kept, x.ref)
+			} else {
+				docs = append(docs, x.ref)
+			}
 		}
-		got, err := repairMget(ctx, es, refs, true)
+		got, err := repairMget(ctx, es, docs, true)
 		if err != nil {
 			return fmt.Errorf("indexer: backup: %w", err)
 		}
+		gotKept, err := repairMget(ctx, es, kept, false)
+		if err != nil {
+			return fmt.Errorf("indexer: backup: %w", err)
+		}
+		maps.Copy(got, gotKept)
 		for _, x := range wants {
 			d, ok := got[x.ref]
 			if !ok || !d.Found {
