@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -23,7 +24,7 @@ type RepairOptions struct {
 	// business key. See ParseRepairKey.
 	Key []string
 	// VersionField is the source field holding the business version;
-	// "" means "version". Documents without it rank by _version.
+	// "" means "version". See RepairDoc.Versioned for documents without it.
 	VersionField string
 	// UpdatedField breaks version ties; "" means "updated_at".
 	UpdatedField string
@@ -31,6 +32,13 @@ type RepairOptions struct {
 	PageSize int
 	// Progress, if set, counts scanned documents.
 	Progress *Progress
+	// IncludeMissingKey groups documents that have no source_id field and
+	// are outside the write index by their _id (key source_id, alone or in
+	// a business key). By default they lack the key and are left alone:
+	// their _id may be a legacy random one. In the write index the _id
+	// stands for a missing source_id field, because that is where the sink
+	// writes each source under _id = source_id.
+	IncludeMissingKey bool
 }
 
 // RepairGroup is one key's planned repair.
@@ -44,6 +52,12 @@ type RepairGroup struct {
 	// Version with version_type=external_gte, because it is not there yet.
 	Rewrite  bool   `json:"rewrite,omitempty"`
 	TargetID string `json:"target_id"`
+	// Version is what the rewrite writes the keeper at, and VersionReason
+	// why: its business version, or the lowest version when it has none,
+	// so that no event the outbox sends for the source is stale because of
+	// a write count.
+	Version       int64  `json:"version,omitempty"`
+	VersionReason string `json:"version_reason,omitempty"`
 	// Overwrites is the group's document at the target that the rewrite
 	// replaces (backed up, not deleted); nil when the rewrite creates it.
 	Overwrites *RepairDoc `json:"overwrites,omitempty"`
@@ -56,16 +70,20 @@ type RepairGroup struct {
 // RepairPlan is the outcome of a scan: what Apply would do. Only groups
 // that need work are kept.
 type RepairPlan struct {
-	Index        string        `json:"index"`
-	WriteAlias   string        `json:"write_alias"`
-	WriteIndex   string        `json:"write_index"`
-	Indices      []string      `json:"indices"`
-	Key          []string      `json:"key"`
-	UpdatedField string        `json:"updated_field"`
-	Scanned      int64         `json:"scanned"`
-	Keys         int64         `json:"keys"`
-	Ungroupable  int64         `json:"ungroupable"` // documents missing the key: left alone
-	Groups       []RepairGroup `json:"groups"`
+	Index        string   `json:"index"`
+	WriteAlias   string   `json:"write_alias"`
+	WriteIndex   string   `json:"write_index"`
+	Indices      []string `json:"indices"`
+	Key          []string `json:"key"`
+	UpdatedField string   `json:"updated_field"`
+	Scanned      int64    `json:"scanned"`
+	Keys         int64    `json:"keys"`
+	Ungroupable  int64    `json:"ungroupable"` // documents missing the key: left alone
+	// KeyedByID counts documents grouped by _id for lack of a source_id
+	// field (RepairOptions.IncludeMissingKey).
+	KeyedByID         int64         `json:"keyed_by_id"`
+	IncludeMissingKey bool          `json:"include_missing_key"`
+	Groups            []RepairGroup `json:"groups"`
 }
 
 // RepairSummary counts a plan.
@@ -73,6 +91,7 @@ type RepairSummary struct {
 	Scanned     int64 `json:"scanned"`
 	Keys        int64 `json:"keys"`
 	Ungroupable int64 `json:"ungroupable"`
+	KeyedByID   int64 `json:"keyed_by_id"`
 	Groups      int   `json:"groups"`     // groups needing work
 	Duplicated  int   `json:"duplicated"` // groups with more than one document
 	Remove      int   `json:"remove"`
@@ -84,7 +103,7 @@ type RepairSummary struct {
 
 // Summary counts the plan.
 func (p *RepairPlan) Summary() RepairSummary {
-	s := RepairSummary{Scanned: p.Scanned, Keys: p.Keys, Ungroupable: p.Ungroupable, Groups: len(p.Groups)}
+	s := RepairSummary{Scanned: p.Scanned, Keys: p.Keys, Ungroupable: p.Ungroupable, KeyedByID: p.KeyedByID, Groups: len(p.Groups)}
 	for _, g := range p.Groups {
 		if g.Conflict != "" {
 			s.Conflicts++
@@ -127,9 +146,9 @@ func (p *RepairPlan) WriteText(w io.Writer) error {
 		fmt.Fprintf(bw, "  %s %s/%s (version %d, _version %d): %s\n", what, g.Keeper.Index, g.Keeper.ID, g.Keeper.Version, g.Keeper.ESVersion, g.Reason)
 		if g.Rewrite {
 			if g.Overwrites != nil {
-				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d, replacing _version %d\n", p.WriteIndex, g.TargetID, g.Keeper.Version, g.Overwrites.ESVersion)
+				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d (%s), replacing _version %d\n", p.WriteIndex, g.TargetID, g.Version, g.VersionReason, g.Overwrites.ESVersion)
 			} else {
-				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d (new _id)\n", p.WriteIndex, g.TargetID, g.Keeper.Version)
+				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d (%s; new _id)\n", p.WriteIndex, g.TargetID, g.Version, g.VersionReason)
 			}
 		}
 		for _, d := range g.Remove {
@@ -141,8 +160,15 @@ func (p *RepairPlan) WriteText(w io.Writer) error {
 		}
 	}
 	s := p.Summary()
-	fmt.Fprintf(bw, "summary: index %s (%s), key %s: scanned %d documents, %d keys, %d without key (left alone); %d groups to repair (%d with duplicates, %d stay deleted, %d conflicts skipped): remove %d documents, rewrite %d keepers (%d new _ids)\n",
-		p.Index, strings.Join(p.Indices, ","), strings.Join(p.Key, ","), s.Scanned, s.Keys, s.Ungroupable, s.Groups, s.Duplicated, s.Deleted, s.Conflicts, s.Remove, s.Rewrite, s.Create)
+	missing := "left alone"
+	switch {
+	case p.IncludeMissingKey:
+		missing = fmt.Sprintf("left alone; %d more without a source_id field grouped by _id", s.KeyedByID)
+	case slices.Contains(p.Key, "source_id"):
+		missing = "left alone; --include-missing-key groups those without a source_id field by _id"
+	}
+	fmt.Fprintf(bw, "summary: index %s (%s), key %s: scanned %d documents, %d keys, %d without key (%s); %d groups to repair (%d with duplicates, %d stay deleted, %d conflicts skipped): remove %d documents, rewrite %d keepers (%d new _ids)\n",
+		p.Index, strings.Join(p.Indices, ","), strings.Join(p.Key, ","), s.Scanned, s.Keys, s.Ungroupable, missing, s.Groups, s.Duplicated, s.Deleted, s.Conflicts, s.Remove, s.Rewrite, s.Create)
 	return bw.err
 }
 
@@ -171,6 +197,10 @@ func (e *repairErrWriter) Write(b []byte) (int, error) {
 // only document is not at _id = source_id in the write index (a legacy
 // random _id, or a copy left in an older index): a later outbox event
 // would otherwise create a second copy beside it.
+//
+// Documents without the key (see RepairOptions.IncludeMissingKey) are
+// counted as Ungroupable and never written: a rewrite whose new _id holds
+// one is a conflict.
 func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOptions) (*RepairPlan, error) {
 	if opts.Index == "" {
 		return nil, fmt.Errorf("indexer: repair: index: must not be empty")
@@ -184,11 +214,15 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 	if opts.UpdatedField == "" {
 		opts.UpdatedField = "updated_at"
 	}
+	keyHasSourceID := slices.Contains(opts.Key, "source_id")
+	if opts.IncludeMissingKey && !keyHasSourceID {
+		return nil, fmt.Errorf("indexer: repair: include_missing_key: only a key with source_id can fall back to _id; documents without %s have nothing to group by", strings.Join(opts.Key, ","))
+	}
 	indices, writeIndex, err := repairResolve(ctx, es, opts.Index)
 	if err != nil {
 		return nil, err
 	}
-	plan := &RepairPlan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField}
+	plan := &RepairPlan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField, IncludeMissingKey: opts.IncludeMissingKey}
 	if n, err := scanCount(ctx, es, indices); err == nil {
 		opts.Progress.SetTotal(n)
 	}
@@ -206,10 +240,17 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 		if err != nil {
 			return err
 		}
+		if ok && d.idSource && keyHasSourceID && d.Index != writeIndex {
+			ok = opts.IncludeMissingKey
+			if ok {
+				plan.KeyedByID++
+			}
+		}
 		if !ok {
 			plan.Ungroupable++
 			return nil
 		}
+		d.Versioned = d.Versioned || (d.Index == writeIndex && d.ID == d.SourceID)
 		groups.add(k, d)
 		return nil
 	})
@@ -249,8 +290,47 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 			}
 		})
 	}
+	if plan.Ungroupable > 0 {
+		if err := repairCheckFreeTargets(ctx, es, plan); err != nil {
+			return nil, err
+		}
+	}
 	sort.Slice(plan.Groups, func(i, j int) bool { return plan.Groups[i].Key < plan.Groups[j].Key })
 	return plan, nil
+}
+
+// repairCheckFreeTargets marks as conflicts the rewrites whose new _id is
+// taken by a document the scan left ungrouped (it lacks the key): the
+// rewrite would replace a document the repair must leave alone.
+func repairCheckFreeTargets(ctx context.Context, es *elasticsearch.Client, plan *RepairPlan) error {
+	var refs []repairRef
+	var at []int
+	check := func() error {
+		got, err := repairMget(ctx, es, refs, false)
+		if err != nil {
+			return fmt.Errorf("indexer: repair: %w", err)
+		}
+		for i, r := range refs {
+			if got[r].Found {
+				plan.Groups[at[i]].Conflict = fmt.Sprintf("target %s/%s holds a document without the key (left alone)", r.index, r.id)
+			}
+		}
+		refs, at = refs[:0], at[:0]
+		return nil
+	}
+	for i, g := range plan.Groups {
+		if !g.Rewrite || g.Overwrites != nil || g.Conflict != "" {
+			continue
+		}
+		refs = append(refs, repairRef{plan.WriteIndex, g.TargetID})
+		at = append(at, i)
+		if len(refs) == 1000 {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+	}
+	return check()
 }
 
 // repairPlanGroup decides one group; needed is false when it is already
@@ -278,11 +358,22 @@ func repairPlanGroup(key string, docs []RepairDoc, writeIndex, updatedField stri
 	if len(docs) == 1 {
 		g.Reason = "single document not at _id = source_id in the write index; moved there"
 	}
-	if g.Overwrites != nil && g.Overwrites.ESVersion > keeper.Version {
+	if g.Rewrite {
+		g.Version, g.VersionReason = keeper.Version, "its business version"
+		if !keeper.Versioned {
+			// Only a business version may raise the gate: a write count
+			// above the application's versions would make its next
+			// updates stale. The ranking puts business versions first,
+			// so a keeper without one has no versioned copy beside it.
+			g.Version = 1
+			g.VersionReason = fmt.Sprintf("no copy has a business version (_version %d counts writes), so the lowest: every event the outbox sends for it applies", keeper.ESVersion)
+		}
+	}
+	if g.Overwrites != nil && g.Overwrites.ESVersion > g.Version {
 		// external_gte would refuse the rewrite (typical of legacy internal
 		// versions); forcing a higher version would make later outbox
 		// events stale, so the operator decides.
-		g.Conflict = fmt.Sprintf("target %s/%s holds _version %d, above the keeper's version %d", writeIndex, g.TargetID, g.Overwrites.ESVersion, keeper.Version)
+		g.Conflict = fmt.Sprintf("target %s/%s holds _version %d, above the keeper's version %d", writeIndex, g.TargetID, g.Overwrites.ESVersion, g.Version)
 	}
 	return g, true
 }

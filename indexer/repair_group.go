@@ -28,6 +28,7 @@ const (
 	repairSlotSourceIsKey // source_id is the group key (key source_id, legacy _id)
 	repairSlotSourceOther // source_id in sourceIDs
 	repairSlotUpdatedRaw  // updated-at in updatedRaw
+	repairSlotVersioned
 )
 
 // repairGrouper groups RepairDocs by key.
@@ -68,6 +69,9 @@ func (g *repairGrouper) add(key string, d RepairDoc) {
 	if d.Tombstone {
 		s.flags |= repairSlotTombstone
 	}
+	if d.Versioned {
+		s.flags |= repairSlotVersioned
+	}
 	if d.Updated != "" {
 		if t, err := time.Parse(time.RFC3339Nano, d.Updated); err == nil {
 			s.updatedNS = t.UnixNano()
@@ -89,7 +93,7 @@ func (g *repairGrouper) add(key string, d RepairDoc) {
 }
 
 func (g *repairGrouper) doc(key string, s repairSlot) RepairDoc {
-	d := RepairDoc{Index: g.indices[s.index], ID: s.id, SourceID: s.id, SeqNo: s.seqNo, ESVersion: s.esVersion, Version: s.version, PrimaryTerm: int64(s.term), Tombstone: s.flags&repairSlotTombstone != 0}
+	d := RepairDoc{Index: g.indices[s.index], ID: s.id, SourceID: s.id, SeqNo: s.seqNo, ESVersion: s.esVersion, Version: s.version, PrimaryTerm: int64(s.term), Tombstone: s.flags&repairSlotTombstone != 0, Versioned: s.flags&repairSlotVersioned != 0}
 	switch {
 	case s.flags&repairSlotSourceIsKey != 0:
 		d.SourceID = key

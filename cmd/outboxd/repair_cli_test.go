@@ -172,3 +172,13 @@ func sorted(s []string) []string {
 	}
 	return out
 }
+
+func TestRepairIncludeMissingKeyFlag(t *testing.T) {
+	t.Parallel()
+	t.Run("is refused with a key that cannot fall back to _id", func(t *testing.T) {
+		err := runRepair(context.Background(), []string{"--elasticsearch-url", "http://127.0.0.1:1", "--index", "x", "--key", "canonical_url", "--include-missing-key"})
+		if err == nil || !strings.Contains(err.Error(), "include_missing_key") {
+			t.Fatalf("err %v, want an include_missing_key error", err)
+		}
+	})
+}
