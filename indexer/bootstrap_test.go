@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 func TestBootstrap(t *testing.T) {
@@ -64,7 +64,7 @@ func TestBootstrap(t *testing.T) {
 		s := newSink(t, Options{Client: es})
 		out := mustWrite(t, s, upsert(name, "a", 1, `{}`), del(name, "keep", 9))
 		for _, o := range out {
-			if o.Status != relay.Rejected || !strings.Contains(o.Reason, "concrete index") {
+			if o.Status != outbox.Rejected || !strings.Contains(o.Reason, "concrete index") {
 				t.Fatalf("got %+v", out)
 			}
 		}
@@ -116,7 +116,7 @@ func TestBootstrap(t *testing.T) {
 			t.Fatalf("remove alias: %d %s", st, b)
 		}
 		out := mustWrite(t, s, upsert(name, "b", 1, `{}`))
-		if out[0].Status != relay.Retry || !strings.Contains(out[0].Reason, "write alias missing") {
+		if out[0].Status != outbox.Retry || !strings.Contains(out[0].Reason, "write alias missing") {
 			t.Fatalf("got %+v", out)
 		}
 		if got := statuses(mustWrite(t, s, upsert(name, "b", 1, `{}`))); got != "applied" {
@@ -132,7 +132,7 @@ func TestBootstrap(t *testing.T) {
 		es, _ := setup(t)
 		s := newSink(t, Options{Client: es})
 		out := mustWrite(t, s, upsert("Bad Name", "a", 1, `{}`))
-		if out[0].Status != relay.Rejected || !strings.Contains(out[0].Reason, "index_name") {
+		if out[0].Status != outbox.Rejected || !strings.Contains(out[0].Reason, "index_name") {
 			t.Fatalf("got %+v", out)
 		}
 	})

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // The bulk body is built by appending to pooled byte slices: no
@@ -198,14 +198,14 @@ func bracketAfter(s, marker string) (int64, bool) {
 }
 
 // outcomeOf maps an event's final class to what the relay sees.
-func outcomeOf(c itemClass, reason string) relay.Outcome {
+func outcomeOf(c itemClass, reason string) outbox.Outcome {
 	switch c {
 	case classApplied:
-		return relay.Outcome{Status: relay.Applied}
+		return outbox.Outcome{Status: outbox.Applied}
 	case classConflict:
-		return relay.Outcome{Status: relay.Stale}
+		return outbox.Outcome{Status: outbox.Stale}
 	case classRejected:
-		return relay.Outcome{Status: relay.Rejected, Reason: reason}
+		return outbox.Outcome{Status: outbox.Rejected, Reason: reason}
 	}
-	return relay.Outcome{Status: relay.Retry, Reason: reason}
+	return outbox.Outcome{Status: outbox.Retry, Reason: reason}
 }

@@ -35,7 +35,7 @@
 //
 // # Outcomes
 //
-// Write returns one relay.Outcome per event: 200/201 Applied; version
+// Write returns one outbox.Outcome per event: 200/201 Applied; version
 // conflicts Stale; 429, 408, 5xx, timeouts and connection errors of some
 // requests Retry (whole requests answered 408, 429 or 5xx, and connections
 // that failed, carry Outage: the cluster's fault, retried by the relay

@@ -8,12 +8,12 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // resendMark marks, within one Write, an event about to be re-sent with
 // external_gte; it never leaves the sink.
-const resendMark relay.Status = -1
+const resendMark outbox.Status = -1
 
 // resolveEqual settles events whose strict-external write met a stored
 // document at the same version. A replay of the same event finds the same
@@ -29,7 +29,7 @@ func (s *Sink) resolveEqual(ctx context.Context, w *write, equal []int) (resend 
 	for name, ps := range byIndex {
 		docs, err := s.stored(ctx, name, w.events, ps)
 		if err != nil {
-			o := relay.Outcome{Status: relay.Retry, Reason: "reading stored versions: " + err.Error()}
+			o := outbox.Outcome{Status: outbox.Retry, Reason: "reading stored versions: " + err.Error()}
 			s.settleAll(w, ps, o)
 			continue
 		}
@@ -37,11 +37,11 @@ func (s *Sink) resolveEqual(ctx context.Context, w *write, equal []int) (resend 
 			e, d := &w.events[p], &docs[i]
 			switch {
 			case d.Found && d.Version > e.Version:
-				w.out[p] = relay.Outcome{Status: relay.Stale}
+				w.out[p] = outbox.Outcome{Status: outbox.Stale}
 			case d.Found && d.Version == e.Version && sameContent(e, d.Source):
-				w.out[p] = relay.Outcome{Status: relay.Stale}
+				w.out[p] = outbox.Outcome{Status: outbox.Stale}
 			default:
-				w.out[p] = relay.Outcome{Status: resendMark}
+				w.out[p] = outbox.Outcome{Status: resendMark}
 				resend = append(resend, p)
 			}
 		}
@@ -56,7 +56,7 @@ type storedDoc struct {
 }
 
 // stored fetches the stored version and source of each event's document.
-func (s *Sink) stored(ctx context.Context, index string, events []relay.Event, ps []int) ([]storedDoc, error) {
+func (s *Sink) stored(ctx context.Context, index string, events []outbox.Event, ps []int) ([]storedDoc, error) {
 	b := append(make([]byte, 0, 32*len(ps)), `{"ids":[`...)
 	for i, p := range ps {
 		if i > 0 {
@@ -87,8 +87,8 @@ func (s *Sink) stored(ctx context.Context, index string, events []relay.Event, p
 
 // sameContent reports whether the stored source is what e would write. A
 // tombstone matches any tombstone: only its timestamp can differ.
-func sameContent(e *relay.Event, stored json.RawMessage) bool {
-	if e.Op == relay.OpDelete {
+func sameContent(e *outbox.Event, stored json.RawMessage) bool {
+	if e.Op == outbox.OpDelete {
 		var t struct {
 			Deleted bool `json:"outboxd_deleted"`
 		}

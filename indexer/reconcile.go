@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Drift kinds reported by Reconcile.
@@ -152,7 +152,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	if log == nil {
 		log = slog.Default()
 	}
-	ob, err := relay.NewOutbox(opts.Schema)
+	ob, err := outbox.NewOutbox(opts.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: reconcile: %w", err)
 	}
@@ -247,7 +247,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 				} else {
 					at := max(v, st.canonVersion+1)
 					note(DriftResurrected, sid, v, st, fmt.Sprintf("delete at version %d", at))
-					if err := fx.add(ctx, relay.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: relay.OpDelete}); err != nil {
+					if err := fx.add(ctx, outbox.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: outbox.OpDelete}); err != nil {
 						return nil, err
 					}
 				}
@@ -276,7 +276,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		}
 		at := max(v, st.canonVersion)
 		note(kind, sid, v, st, fmt.Sprintf("upsert at version %d", at))
-		if err := fx.add(ctx, relay.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: relay.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
+		if err := fx.add(ctx, outbox.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: outbox.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
 			return nil, err
 		}
 	}
@@ -303,7 +303,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		}
 		at := st.canonVersion + 1
 		note(DriftExtra, sid, 0, st, fmt.Sprintf("delete at version %d", at))
-		if err := fx.add(ctx, relay.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: relay.OpDelete}); err != nil {
+		if err := fx.add(ctx, outbox.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: outbox.OpDelete}); err != nil {
 			return nil, err
 		}
 	}
@@ -321,12 +321,12 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 // them on a dry run).
 type reconFixer struct {
 	opts    ReconcileOptions
-	ob      *relay.Outbox
+	ob      *outbox.Outbox
 	rep     *ReconcileReport
-	pending []relay.Event
+	pending []outbox.Event
 }
 
-func (f *reconFixer) add(ctx context.Context, e relay.Event) error {
+func (f *reconFixer) add(ctx context.Context, e outbox.Event) error {
 	e.EventType = "outboxd.reconcile"
 	f.rep.Events++
 	if !f.opts.Apply {

@@ -15,6 +15,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -103,8 +104,8 @@ func orDefault(v, d int) int {
 
 // write is the state of one Write call.
 type write struct {
-	events    []relay.Event
-	out       []relay.Outcome
+	events    []outbox.Event
+	out       []outbox.Outcome
 	deletedAt string
 
 	mu        sync.Mutex
@@ -130,10 +131,10 @@ func (w *write) unreachable(err error) {
 // Write sends events as bulk requests, several in flight, and returns one
 // Outcome per event, in order. It returns an *UnavailableError, and no
 // outcomes, when no request reached Elasticsearch.
-func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	w := &write{
 		events:    events,
-		out:       make([]relay.Outcome, len(events)),
+		out:       make([]outbox.Outcome, len(events)),
 		deletedAt: s.now().UTC().Format("2006-01-02T15:04:05.000Z"),
 	}
 	pending := s.admit(ctx, w)
@@ -147,9 +148,9 @@ func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome
 				continue
 			}
 			switch o := w.out[win]; o.Status {
-			case relay.Applied:
-				w.out[p] = relay.Outcome{Status: relay.Stale}
-			case relay.Rejected:
+			case outbox.Applied:
+				w.out[p] = outbox.Outcome{Status: outbox.Stale}
+			case outbox.Rejected:
 				// The newer version will never land, so this one is not
 				// superseded: send it in its own right.
 				again = append(again, p)
@@ -178,11 +179,11 @@ func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome
 // returns the positions still to send.
 func (s *Sink) admit(ctx context.Context, w *write) []int {
 	pending := make([]int, 0, len(w.events))
-	var failed map[string]relay.Outcome
+	var failed map[string]outbox.Outcome
 	for i := range w.events {
 		e := &w.events[i]
 		if reason := checkEvent(e); reason != "" {
-			w.out[i] = relay.Outcome{Status: relay.Rejected, Reason: reason}
+			w.out[i] = outbox.Outcome{Status: outbox.Rejected, Reason: reason}
 			continue
 		}
 		if o, ok := failed[e.IndexName]; ok {
@@ -191,7 +192,7 @@ func (s *Sink) admit(ctx context.Context, w *write) []int {
 		}
 		if err := s.ensure(ctx, e.IndexName); err != nil {
 			if failed == nil {
-				failed = make(map[string]relay.Outcome)
+				failed = make(map[string]outbox.Outcome)
 			}
 			o := bootstrapOutcome(w, err)
 			failed[e.IndexName] = o
@@ -203,28 +204,28 @@ func (s *Sink) admit(ctx context.Context, w *write) []int {
 	return pending
 }
 
-func bootstrapOutcome(w *write, err error) relay.Outcome {
+func bootstrapOutcome(w *write, err error) outbox.Outcome {
 	var re *ResponseError
 	var ne *NameError
 	switch {
 	case IsIncompatible(err), errors.As(err, &ne):
 		w.answered()
-		return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
+		return outbox.Outcome{Status: outbox.Rejected, Reason: err.Error()}
 	case errors.As(err, &re):
 		w.answered()
 		if re.Status == http.StatusBadRequest {
-			return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
+			return outbox.Outcome{Status: outbox.Rejected, Reason: err.Error()}
 		}
 		// 401/403/404 (credentials, a proxy path), 408, 429, 5xx: the
 		// cluster's or the configuration's fault, never the events'.
-		return relay.Outcome{Status: relay.Retry, Reason: err.Error(), Outage: true}
+		return outbox.Outcome{Status: outbox.Retry, Reason: err.Error(), Outage: true}
 	}
 	w.unreachable(err)
-	return relay.Outcome{Status: relay.Retry, Reason: err.Error(), Outage: true}
+	return outbox.Outcome{Status: outbox.Retry, Reason: err.Error(), Outage: true}
 }
 
 // checkEvent returns why e can never be indexed, or "".
-func checkEvent(e *relay.Event) string {
+func checkEvent(e *outbox.Event) string {
 	switch {
 	case e.SourceID == "":
 		return "source_id: must not be empty"
@@ -232,19 +233,19 @@ func checkEvent(e *relay.Event) string {
 		return fmt.Sprintf("source_id: Elasticsearch ids are at most 512 bytes, got %d", len(e.SourceID))
 	case e.Version < 1:
 		return fmt.Sprintf("version: must be >= 1, got %d", e.Version)
-	case e.Op == relay.OpUpsert:
+	case e.Op == outbox.OpUpsert:
 		return checkDocument(e.Document)
-	case e.Op == relay.OpDelete:
+	case e.Op == outbox.OpDelete:
 		return ""
 	}
-	return fmt.Sprintf("op: must be %q or %q, got %q", relay.OpUpsert, relay.OpDelete, e.Op)
+	return fmt.Sprintf("op: must be %q or %q, got %q", outbox.OpUpsert, outbox.OpDelete, e.Op)
 }
 
 type docKey struct{ index, id string }
 
 // dedupe keeps, per document, the highest version; on equal versions the
 // later event, so the later write wins as it would if sent one by one.
-func dedupe(events []relay.Event, pending []int) (winners []int, winnerOf func(int) int) {
+func dedupe(events []outbox.Event, pending []int) (winners []int, winnerOf func(int) int) {
 	best := make(map[docKey]int, len(pending))
 	for _, p := range pending {
 		k := docKey{events[p].IndexName, events[p].SourceID}
@@ -316,7 +317,7 @@ func (s *Sink) sendAll(ctx context.Context, w *write, items []int, vt versionTyp
 	wg.Wait()
 }
 
-func approxSize(e *relay.Event) int {
+func approxSize(e *outbox.Event) int {
 	return 110 + 2*len(e.IndexName) + len(e.SourceID) + len(e.Document)
 }
 
@@ -333,7 +334,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	for _, p := range items {
 		e := &w.events[p]
 		b = appendAction(b, e.IndexName, e.SourceID, e.Version, vt)
-		if e.Op == relay.OpDelete {
+		if e.Op == outbox.OpDelete {
 			b = appendTombstone(b, w.deletedAt)
 		} else {
 			b = append(b, oneLine(e.Document)...)
@@ -353,7 +354,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	if err != nil {
 		s.observe("unreachable", started)
 		w.unreachable(err)
-		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk request: " + err.Error(), Outage: true})
+		s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: "bulk request: " + err.Error(), Outage: true})
 		return
 	}
 	rb := getBody()
@@ -363,11 +364,11 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	switch {
 	case err != nil:
 		s.observe("unreachable", started)
-		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: "bulk response: " + err.Error(), Outage: true})
+		s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: "bulk response: " + err.Error(), Outage: true})
 	case res.StatusCode == http.StatusOK:
 		if allSucceeded(body) {
 			s.observe("ok", started)
-			s.settleAll(w, items, relay.Outcome{Status: relay.Applied})
+			s.settleAll(w, items, outbox.Outcome{Status: outbox.Applied})
 			return
 		}
 		s.observe("item_errors", started)
@@ -383,10 +384,10 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 		re := responseError("bulk", res.StatusCode, body)
 		// A whole request refused with 408, 429 or 5xx is the cluster's
 		// state (overloaded, recovering, no master), not the events'.
-		o := relay.Outcome{Status: relay.Retry, Reason: re.Error(), Outage: true}
+		o := outbox.Outcome{Status: outbox.Retry, Reason: re.Error(), Outage: true}
 		switch {
 		case res.StatusCode == http.StatusBadRequest || res.StatusCode == http.StatusRequestEntityTooLarge:
-			o = relay.Outcome{Status: relay.Rejected, Reason: re.Error()}
+			o = outbox.Outcome{Status: outbox.Rejected, Reason: re.Error()}
 		case res.StatusCode != 429 && res.StatusCode != 408 && res.StatusCode < 500:
 			// 401, 403, 404 of the whole request: the sink is misconfigured
 			// (credentials, proxy path), not the events; never dead-letter
@@ -399,7 +400,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	}
 }
 
-func (s *Sink) settleAll(w *write, items []int, o relay.Outcome) {
+func (s *Sink) settleAll(w *write, items []int, o outbox.Outcome) {
 	for _, p := range items {
 		w.out[p] = o
 	}
@@ -412,7 +413,7 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 		if err != nil {
 			reason += ": " + err.Error()
 		}
-		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: reason})
+		s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: reason})
 		return
 	}
 	for i, p := range items {
@@ -420,11 +421,11 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 		switch c {
 		case classConflict:
 			if cur, prov, ok := conflictVersions(reason); ok && cur > prov {
-				w.out[p] = relay.Outcome{Status: relay.Stale}
+				w.out[p] = outbox.Outcome{Status: outbox.Stale}
 				continue
 			}
 			if s.isResend(w, p) {
-				w.out[p] = relay.Outcome{Status: relay.Stale}
+				w.out[p] = outbox.Outcome{Status: outbox.Stale}
 				continue
 			}
 			w.mu.Lock()

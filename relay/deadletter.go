@@ -2,14 +2,17 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // deadLetter is an event the relay gave up on, with why.
 type deadLetter struct {
-	event    Event
+	event    outbox.Event
 	reason   string
 	attempts int
 	first    time.Time
@@ -31,4 +34,18 @@ func parkDeadLetters(ctx context.Context, tx pgx.Tx, schemaName, stream string, 
 			"occurred_at", "reason", "attempts", "first_failed_at", "last_failed_at"},
 		pgx.CopyFromRows(rows))
 	return err
+}
+
+func nullable(b json.RawMessage) any {
+	if len(b) == 0 || string(b) == "null" {
+		return nil
+	}
+	return []byte(b)
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -22,17 +23,17 @@ type dlSink struct {
 	applied map[string][]int64 // source -> versions applied
 }
 
-func (s *dlSink) Write(_ context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *dlSink) Write(_ context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	outs := make([]relay.Outcome, len(events))
+	outs := make([]outbox.Outcome, len(events))
 	for i, e := range events {
 		if !s.fixed[e.SourceID] {
-			outs[i] = relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: field [price]"}
+			outs[i] = outbox.Outcome{Status: outbox.Rejected, Reason: "mapper_parsing_exception: field [price]"}
 			continue
 		}
 		s.applied[e.SourceID] = append(s.applied[e.SourceID], e.Version)
-		outs[i] = relay.Outcome{Status: relay.Applied}
+		outs[i] = outbox.Outcome{Status: outbox.Applied}
 	}
 	return outs, nil
 }
@@ -58,7 +59,7 @@ type dlEnv struct {
 
 // setupDeadLetters runs a relay whose sink rejects everything until fixed,
 // and parks the given events as dead letters.
-func setupDeadLetters(t *testing.T, events ...relay.Event) *dlEnv {
+func setupDeadLetters(t *testing.T, events ...outbox.Event) *dlEnv {
 	t.Helper()
 	e := &dlEnv{env: setup(t), sink: &dlSink{fixed: map[string]bool{}, applied: map[string][]int64{}}}
 	stop := start(t, relay.Config{Pool: e.pool, Schema: e.schema, Sink: e.sink, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -112,8 +113,8 @@ func (e *dlEnv) audit(t *testing.T) []auditRow {
 	return out
 }
 
-func dlUpsert(index, source string, version int64) relay.Event {
-	return relay.Event{IndexName: index, SourceID: source, Version: version, Op: relay.OpUpsert,
+func dlUpsert(index, source string, version int64) outbox.Event {
+	return outbox.Event{IndexName: index, SourceID: source, Version: version, Op: outbox.OpUpsert,
 		Document: json.RawMessage(`{"price":"n/a"}`), Headers: json.RawMessage(`{"trace":"abc"}`), EventType: "product.updated"}
 }
 
@@ -128,7 +129,7 @@ func TestDeadLetterList(t *testing.T) {
 			t.Fatalf("got %d", len(dls))
 		}
 		d := dls[0]
-		if d.Index != "shop" || d.Version != 2 || d.Op != relay.OpUpsert || d.Status != relay.DeadLetterParked || d.EventType != "product.updated" ||
+		if d.Index != "shop" || d.Version != 2 || d.Op != outbox.OpUpsert || d.Status != relay.DeadLetterParked || d.EventType != "product.updated" ||
 			!strings.Contains(d.Reason, "mapper_parsing_exception") || string(d.Headers) != `{"trace": "abc"}` || d.Stream != "default" {
 			t.Fatalf("dead letter = %+v (headers %s)", d, d.Headers)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -51,11 +52,11 @@ func TestRelayFailures(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		sink := newRecordingSink()
-		sink.outcome = func(ev relay.Event) relay.Outcome {
+		sink.outcome = func(ev outbox.Event) outbox.Outcome {
 			if ev.SourceID == "s3" {
-				return relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: field [n] of type long"}
+				return outbox.Outcome{Status: outbox.Rejected, Reason: "mapper_parsing_exception: field [n] of type long"}
 			}
-			return relay.Outcome{Status: relay.Applied}
+			return outbox.Outcome{Status: outbox.Applied}
 		}
 		start(t, e.config(sink))
 		ids := e.append(t, 10)
@@ -76,12 +77,12 @@ func TestRelayFailures(t *testing.T) {
 		e := setup(t)
 		sink := newRecordingSink()
 		var tries atomic.Int64
-		sink.outcome = func(ev relay.Event) relay.Outcome {
+		sink.outcome = func(ev outbox.Event) outbox.Outcome {
 			if ev.SourceID == "s1" {
 				tries.Add(1)
-				return relay.Outcome{Status: relay.Retry, Reason: "es_rejected_execution_exception (429)"}
+				return outbox.Outcome{Status: outbox.Retry, Reason: "es_rejected_execution_exception (429)"}
 			}
-			return relay.Outcome{Status: relay.Applied}
+			return outbox.Outcome{Status: outbox.Applied}
 		}
 		cfg := e.config(sink)
 		cfg.MaxAttempts = 4
@@ -179,7 +180,7 @@ func TestRelayFailures(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range 50 {
-					_, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "items", SourceID: fmt.Sprintf("w%d", w%2), Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+					_, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "items", SourceID: fmt.Sprintf("w%d", w%2), Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 					if err != nil {
 						t.Error(err)
 						return
@@ -208,7 +209,7 @@ func TestRelayFailures(t *testing.T) {
 		cfg.Streams = []relay.Stream{{Name: "s", BucketLo: 0, BucketHi: 1023, Indexes: []string{"a"}}}
 		stop := start(t, cfg)
 		ctx := context.Background()
-		idA, _ := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "a", SourceID: "x", Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+		idA, _ := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "a", SourceID: "x", Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 		eventually(t, 10*time.Second, "a delivered", func() bool { return sink.has(idA) })
 		if err := stop(); err != nil {
 			t.Fatal(err)
@@ -253,11 +254,11 @@ func TestRelayFailures(t *testing.T) {
 		e := setup(t)
 		sink := newRecordingSink()
 		var calls atomic.Int64
-		sink.outcome = func(ev relay.Event) relay.Outcome {
+		sink.outcome = func(ev outbox.Event) outbox.Outcome {
 			if calls.Add(1) <= 12 {
-				return relay.Outcome{Status: relay.Retry, Reason: "bulk: 503 cluster_block_exception", Outage: true}
+				return outbox.Outcome{Status: outbox.Retry, Reason: "bulk: 503 cluster_block_exception", Outage: true}
 			}
-			return relay.Outcome{Status: relay.Applied}
+			return outbox.Outcome{Status: outbox.Applied}
 		}
 		cfg := e.config(sink)
 		cfg.MaxAttempts = 3

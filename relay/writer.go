@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // errShutdown means a page was abandoned because shutdown's grace period
@@ -196,7 +198,7 @@ func (w *streamWriter) store(ctx context.Context, pos position, acked int, dead 
 // parked as a dead letter. Transient failures are retried with backoff up
 // to MaxAttempts per event; a sink that is down as a whole is retried
 // without limit (and loudly), so an outage never dead-letters the backlog.
-func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLetter, error) {
+func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]deadLetter, error) {
 	cfg := w.r.cfg
 	m := w.r.metrics
 	name := w.stream.Name
@@ -226,7 +228,7 @@ func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLette
 			continue
 		}
 		now := time.Now()
-		var next []Event
+		var next []outbox.Event
 		outage := "" // a reason when the sink reported an outage
 		// Counted per (index, outcome) and added once: label lookups per
 		// event were a measurable share of the relay's CPU.
@@ -235,19 +237,19 @@ func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLette
 		for i, o := range outs {
 			e := pending[i]
 			switch o.Status {
-			case Applied, Stale:
+			case outbox.Applied, outbox.Stale:
 				counts[[2]string{e.IndexName, o.Status.String()}]++
 				lag.Observe(now.Sub(e.CreatedAt).Seconds())
-			case Rejected:
+			case outbox.Rejected:
 				counts[[2]string{e.IndexName, "rejected"}]++
 				dead = append(dead, deadLetter{event: e, reason: o.Reason, attempts: attempts[e.ID] + 1, first: firstOr(firsts, e.ID, now), last: now})
 			default: // Retry, or a sink that forgot to say
 				reason := o.Reason
-				if o.Status != Retry {
+				if o.Status != outbox.Retry {
 					reason = fmt.Sprintf("sink returned no valid outcome (%d): %s", o.Status, o.Reason)
 				}
 				counts[[2]string{e.IndexName, "retried"}]++
-				if o.Status == Retry && o.Outage {
+				if o.Status == outbox.Retry && o.Outage {
 					outage = reason
 					next = append(next, e)
 					continue

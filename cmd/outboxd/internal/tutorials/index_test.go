@@ -14,7 +14,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -55,7 +55,7 @@ func setupIndex(t *testing.T) *indexEnv {
 }
 
 // outboxEvents reads the committed events back as the relay would.
-func (e *indexEnv) outboxEvents(t *testing.T) []relay.Event {
+func (e *indexEnv) outboxEvents(t *testing.T) []outbox.Event {
 	t.Helper()
 	events, err := e.readEvents(context.Background())
 	if err != nil {
@@ -64,29 +64,29 @@ func (e *indexEnv) outboxEvents(t *testing.T) []relay.Event {
 	return events
 }
 
-func (e *indexEnv) readEvents(ctx context.Context) ([]relay.Event, error) {
+func (e *indexEnv) readEvents(ctx context.Context) ([]outbox.Event, error) {
 	rows, err := e.pool.Query(ctx, `SELECT id, index_name, source_id, version, op, document, coalesce(event_type, '')
 		FROM "`+e.outbox+`".events ORDER BY id`)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []relay.Event
+	var out []outbox.Event
 	for rows.Next() {
-		var ev relay.Event
+		var ev outbox.Event
 		var op string
 		var doc []byte
 		if err := rows.Scan(&ev.ID, &ev.IndexName, &ev.SourceID, &ev.Version, &op, &doc, &ev.EventType); err != nil {
 			return nil, err
 		}
-		ev.Op, ev.Document = relay.Op(op), doc
+		ev.Op, ev.Document = outbox.Op(op), doc
 		out = append(out, ev)
 	}
 	return out, rows.Err()
 }
 
 // deliver writes events through the sink and returns the outcome counts.
-func (e *indexEnv) deliver(t *testing.T, events []relay.Event) map[relay.Status]int {
+func (e *indexEnv) deliver(t *testing.T, events []outbox.Event) map[outbox.Status]int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -94,9 +94,9 @@ func (e *indexEnv) deliver(t *testing.T, events []relay.Event) map[relay.Status]
 	if err != nil {
 		t.Fatalf("sink: %v", err)
 	}
-	counts := map[relay.Status]int{}
+	counts := map[outbox.Status]int{}
 	for i, o := range out {
-		if o.Status == relay.Rejected || o.Status == relay.Retry {
+		if o.Status == outbox.Rejected || o.Status == outbox.Retry {
 			t.Fatalf("event %d (%s v%d): %s: %s", i, events[i].SourceID, events[i].Version, o.Status, o.Reason)
 		}
 		counts[o.Status]++
@@ -194,8 +194,8 @@ func (e *indexEnv) story(t *testing.T) (a, b, c string) {
 	return a, b, c
 }
 
-func eventsOf(events []relay.Event, sourceID string) []relay.Event {
-	var out []relay.Event
+func eventsOf(events []outbox.Event, sourceID string) []outbox.Event {
+	var out []outbox.Event
 	for _, ev := range events {
 		if ev.SourceID == sourceID {
 			out = append(out, ev)
@@ -224,12 +224,12 @@ func TestIndexConvergence(t *testing.T) {
 		}
 		for round := range 3 {
 			counts := env.deliver(t, events)
-			if counts[relay.Stale] != len(events) {
+			if counts[outbox.Stale] != len(events) {
 				t.Fatalf("redelivery %d: want all %d events stale, got %v", round, len(events), counts)
 			}
 		}
 		// Duplicates inside one batch too.
-		env.deliver(t, append(append([]relay.Event{}, events...), events...))
+		env.deliver(t, append(append([]outbox.Event{}, events...), events...))
 		if got := env.docCount(t); got != docs {
 			t.Fatalf("document count grew from %d to %d", docs, got)
 		}
@@ -247,11 +247,11 @@ func TestIndexConvergence(t *testing.T) {
 		if len(history) != 3 || history[2].Version != 3 {
 			t.Fatalf("want A's versions 1..3, got %+v", history)
 		}
-		if c := env.deliver(t, history[2:]); c[relay.Applied] != 1 {
+		if c := env.deliver(t, history[2:]); c[outbox.Applied] != 1 {
 			t.Fatalf("v3: want applied, got %v", c)
 		}
-		for _, old := range []relay.Event{history[1], history[0]} {
-			if c := env.deliver(t, []relay.Event{old}); c[relay.Stale] != 1 {
+		for _, old := range []outbox.Event{history[1], history[0]} {
+			if c := env.deliver(t, []outbox.Event{old}); c[outbox.Stale] != 1 {
 				t.Fatalf("v%d after v3: want stale, got %v", old.Version, c)
 			}
 		}
@@ -265,11 +265,11 @@ func TestIndexConvergence(t *testing.T) {
 		env := setupIndex(t)
 		_, b, _ := env.story(t)
 		history := eventsOf(env.outboxEvents(t), b) // upsert v1, delete v2
-		if len(history) != 2 || history[1].Op != relay.OpDelete || history[1].Version != 2 {
+		if len(history) != 2 || history[1].Op != outbox.OpDelete || history[1].Version != 2 {
 			t.Fatalf("want B's upsert v1 and delete v2, got %+v", history)
 		}
 		env.deliver(t, history[1:])
-		if c := env.deliver(t, history[:1]); c[relay.Stale] != 1 {
+		if c := env.deliver(t, history[:1]); c[outbox.Stale] != 1 {
 			t.Fatalf("late update: want stale, got %v", c)
 		}
 		if got := env.searchable(t); got[b] != "" {
@@ -296,7 +296,7 @@ func TestIndexConvergence(t *testing.T) {
 		events := env.outboxEvents(t)
 		rng := rand.New(rand.NewPCG(1, 2))
 		for round := range 5 {
-			shuffled := append([]relay.Event{}, events...)
+			shuffled := append([]outbox.Event{}, events...)
 			rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
 			// Deliver in small random batches, as pages of a relay might.
 			for len(shuffled) > 0 {

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
 
@@ -56,7 +56,7 @@ type Config struct {
 type Server struct {
 	pool    *pgxpool.Pool
 	table   string // quoted schema.tutorials
-	outbox  *relay.Outbox
+	outbox  *outbox.Outbox
 	keys    *Keys
 	index   string
 	es      *elasticsearch.Client
@@ -98,12 +98,12 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tutorials: config: Schema: %w", err)
 	}
-	outbox, err := relay.NewOutbox(cfg.OutboxSchema)
+	ob, err := outbox.NewOutbox(cfg.OutboxSchema)
 	if err != nil {
 		return nil, fmt.Errorf("tutorials: config: OutboxSchema: %w", err)
 	}
-	probe := relay.Event{IndexName: cfg.Index, SourceID: "x", Op: relay.OpDelete}
-	if err := relay.Validate(&probe); err != nil {
+	probe := outbox.Event{IndexName: cfg.Index, SourceID: "x", Op: outbox.OpDelete}
+	if err := outbox.Validate(&probe); err != nil {
 		return nil, fmt.Errorf("tutorials: config: Index: %w", err)
 	}
 	m, err := newMetrics(cfg.Registerer)
@@ -113,7 +113,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		pool:        cfg.Pool,
 		table:       id + ".tutorials",
-		outbox:      outbox,
+		outbox:      ob,
 		keys:        &Keys{pool: cfg.Pool, table: id + ".idempotency_keys", ttl: cfg.KeyTTL, lease: cfg.Lease},
 		index:       cfg.Index,
 		es:          cfg.Elasticsearch,

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Tutorial is a row as the API returns it.
@@ -67,8 +67,8 @@ func (s *Server) appendUpsert(ctx context.Context, tx pgx.Tx, t Tutorial, eventT
 	if err != nil {
 		return err
 	}
-	_, err = s.outbox.Append(ctx, tx, relay.Event{IndexName: s.index, SourceID: t.ID, Version: t.Version,
-		Op: relay.OpUpsert, Document: doc, EventType: eventType})
+	_, err = s.outbox.Append(ctx, tx, outbox.Event{IndexName: s.index, SourceID: t.ID, Version: t.Version,
+		Op: outbox.OpUpsert, Document: doc, EventType: eventType})
 	return err
 }
 
@@ -218,8 +218,8 @@ func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return result{}, fmt.Errorf("delete tutorial: %w", err)
 		}
-		if _, err := s.outbox.Append(ctx, tx, relay.Event{IndexName: s.index, SourceID: id, Version: version,
-			Op: relay.OpDelete, EventType: "tutorial.deleted"}); err != nil {
+		if _, err := s.outbox.Append(ctx, tx, outbox.Event{IndexName: s.index, SourceID: id, Version: version,
+			Op: outbox.OpDelete, EventType: "tutorial.deleted"}); err != nil {
 			return result{}, err
 		}
 		return result{status: http.StatusOK, body: Deleted{ID: id, Deleted: true, Version: version}, resource: id}, nil

@@ -1,4 +1,4 @@
-package relay_test
+package outbox_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -61,10 +61,10 @@ func benchAppendOverhead(b *testing.B, e *outboxEnv, pipelined bool) {
 		id := nextID.Add(1)
 		title := fmt.Sprintf("tutorial %d", id)
 		insert := `INSERT INTO ` + table + ` (id, title, body, version) VALUES ($1, $2, $3, 1)`
-		event := func() (relay.Event, error) {
+		event := func() (outbox.Event, error) {
 			doc, err := json.Marshal(map[string]any{"id": id, "title": title, "body": benchBody})
-			return relay.Event{
-				IndexName: "tutorials", SourceID: fmt.Sprint(id), Version: 1, Op: relay.OpUpsert,
+			return outbox.Event{
+				IndexName: "tutorials", SourceID: fmt.Sprint(id), Version: 1, Op: outbox.OpUpsert,
 				Document: doc, EventType: "tutorial.created",
 			}, err
 		}
@@ -151,10 +151,10 @@ func BenchmarkOutboxAppendBatch(b *testing.B) {
 	e := setupOutbox(b)
 	ctx := context.Background()
 	const size = 1000
-	batch := make([]relay.Event, size)
+	batch := make([]outbox.Event, size)
 	for i := range batch {
-		batch[i] = relay.Event{
-			IndexName: "tutorials", SourceID: fmt.Sprintf("tut-%d", i), Version: 1, Op: relay.OpUpsert,
+		batch[i] = outbox.Event{
+			IndexName: "tutorials", SourceID: fmt.Sprintf("tut-%d", i), Version: 1, Op: outbox.OpUpsert,
 			Document:  json.RawMessage(fmt.Sprintf(`{"id": %d, "title": "tutorial %d", "body": %q}`, i, i, benchBody)),
 			EventType: "tutorial.created",
 		}

@@ -1,4 +1,4 @@
-package relay_test
+package outbox_test
 
 import (
 	"context"
@@ -13,27 +13,27 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
-// The three things callers hold all satisfy relay.DB.
+// The three things callers hold all satisfy outbox.DB.
 var (
-	_ relay.DB = pgx.Tx(nil)
-	_ relay.DB = (*pgx.Conn)(nil)
-	_ relay.DB = (*pgxpool.Pool)(nil)
+	_ outbox.DB = pgx.Tx(nil)
+	_ outbox.DB = (*pgx.Conn)(nil)
+	_ outbox.DB = (*pgxpool.Pool)(nil)
 )
 
 type outboxEnv struct {
 	pool   *pgxpool.Pool
-	outbox *relay.Outbox
+	outbox *outbox.Outbox
 }
 
 func setupOutbox(t testing.TB) *outboxEnv {
 	t.Helper()
 	pool, name := schematest.Setup(t)
-	ob, err := relay.NewOutbox(name)
+	ob, err := outbox.NewOutbox(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,9 +50,9 @@ func (e *outboxEnv) count(t testing.TB) int {
 }
 
 // stored reads an event back with every column the caller can set.
-func (e *outboxEnv) stored(t testing.TB, id int64) relay.Event {
+func (e *outboxEnv) stored(t testing.TB, id int64) outbox.Event {
 	t.Helper()
-	var ev relay.Event
+	var ev outbox.Event
 	var doc, headers, evType *string
 	err := e.pool.QueryRow(context.Background(), `SELECT id, xid::text::bigint, index_name, source_id, version, op,
 			document::text, event_type, headers::text, occurred_at, created_at
@@ -73,8 +73,8 @@ func (e *outboxEnv) stored(t testing.TB, id int64) relay.Event {
 	return ev
 }
 
-func upsert(source string, version int64) relay.Event {
-	return relay.Event{IndexName: "tutorials", SourceID: source, Version: version, Op: relay.OpUpsert,
+func upsert(source string, version int64) outbox.Event {
+	return outbox.Event{IndexName: "tutorials", SourceID: source, Version: version, Op: outbox.OpUpsert,
 		Document: json.RawMessage(fmt.Sprintf(`{"title": "t-%s", "version": %d}`, source, version))}
 }
 
@@ -108,8 +108,8 @@ func TestOutboxAppend(t *testing.T) {
 		e := setupOutbox(t)
 		ctx := t.Context()
 		occurred := time.Date(2024, 5, 6, 7, 8, 9, 123000, time.UTC)
-		want := relay.Event{
-			IndexName: "tutorials", SourceID: "tut-42", Version: 3, Op: relay.OpUpsert,
+		want := outbox.Event{
+			IndexName: "tutorials", SourceID: "tut-42", Version: 3, Op: outbox.OpUpsert,
 			Document:   json.RawMessage(`{"title": "Outbox"}`),
 			EventType:  "tutorial.updated",
 			Headers:    json.RawMessage(`{"trace_id": "t-1"}`),
@@ -160,11 +160,11 @@ func TestOutboxAppend(t *testing.T) {
 				t.Fatalf("version %d, want %d", got.Version, want)
 			}
 		}
-		id, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "tutorials", SourceID: "auto", Op: relay.OpDelete})
+		id, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "tutorials", SourceID: "auto", Op: outbox.OpDelete})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := e.stored(t, id); got.Version != 4 || got.Op != relay.OpDelete || got.Document != nil {
+		if got := e.stored(t, id); got.Version != 4 || got.Op != outbox.OpDelete || got.Document != nil {
 			t.Fatalf("delete stored as %+v, want version 4 without a document", got)
 		}
 	})
@@ -182,11 +182,11 @@ func TestOutboxAppend(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, db := range []relay.DB{tx, conn.Conn(), e.pool} {
+		for i, db := range []outbox.DB{tx, conn.Conn(), e.pool} {
 			if _, err := e.outbox.Append(ctx, db, upsert(fmt.Sprint(i), 1)); err != nil {
 				t.Fatalf("db %d (%T): %v", i, db, err)
 			}
-			if _, err := e.outbox.AppendBatch(ctx, db, []relay.Event{upsert(fmt.Sprint(i), 2), upsert(fmt.Sprint(i), 0)}); err != nil {
+			if _, err := e.outbox.AppendBatch(ctx, db, []outbox.Event{upsert(fmt.Sprint(i), 2), upsert(fmt.Sprint(i), 0)}); err != nil {
 				t.Fatalf("batch on db %d (%T): %v", i, db, err)
 			}
 		}
@@ -208,21 +208,21 @@ func TestOutboxAppend(t *testing.T) {
 		if _, err := schema.Migrate(t.Context(), pool, name); err != nil {
 			t.Fatal(err)
 		}
-		ob, err := relay.NewOutbox(name)
+		ob, err := outbox.NewOutbox(name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := ob.Append(t.Context(), pool, upsert("a", 0)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ob.AppendBatch(t.Context(), pool, []relay.Event{upsert("b", 1), upsert("c", 0)}); err != nil {
+		if _, err := ob.AppendBatch(t.Context(), pool, []outbox.Event{upsert("b", 1), upsert("c", 0)}); err != nil {
 			t.Fatal(err)
 		}
 	})
 
 	t.Run("a schema name with a single quote is refused", func(t *testing.T) {
 		t.Parallel()
-		if _, err := relay.NewOutbox("it's"); err == nil || !strings.Contains(err.Error(), "single quote") {
+		if _, err := outbox.NewOutbox("it's"); err == nil || !strings.Contains(err.Error(), "single quote") {
 			t.Fatalf("NewOutbox: %v, want a single quote error", err)
 		}
 	})
@@ -231,10 +231,10 @@ func TestOutboxAppend(t *testing.T) {
 func badGoEvents() []struct {
 	name  string
 	field string
-	event relay.Event
+	event outbox.Event
 } {
 	ok := upsert("s1", 1)
-	with := func(f func(e *relay.Event)) relay.Event {
+	with := func(f func(e *outbox.Event)) outbox.Event {
 		e := ok
 		f(&e)
 		return e
@@ -242,31 +242,31 @@ func badGoEvents() []struct {
 	cases := []struct {
 		name  string
 		field string
-		event relay.Event
+		event outbox.Event
 	}{
-		{"an empty source_id", "source_id", with(func(e *relay.Event) { e.SourceID = "" })},
-		{"a source_id of 513 bytes", "source_id", with(func(e *relay.Event) { e.SourceID = strings.Repeat("x", 513) })},
-		{"a negative version", "version", with(func(e *relay.Event) { e.Version = -1 })},
-		{"op merge", "op", with(func(e *relay.Event) { e.Op = "merge" })},
-		{"an empty op", "op", with(func(e *relay.Event) { e.Op = "" })},
-		{"an upsert without a document", "document", with(func(e *relay.Event) { e.Document = nil })},
-		{"an upsert with a JSON array", "document", with(func(e *relay.Event) { e.Document = json.RawMessage(`[1]`) })},
-		{"an upsert with a JSON string", "document", with(func(e *relay.Event) { e.Document = json.RawMessage(`"x"`) })},
-		{"an upsert with broken JSON", "document", with(func(e *relay.Event) { e.Document = json.RawMessage(`{"a":`) })},
-		{"a delete with a document", "document", with(func(e *relay.Event) { e.Op = relay.OpDelete })},
-		{"headers that are not an object", "headers", with(func(e *relay.Event) { e.Headers = json.RawMessage(`[]`) })},
-		{"an empty index name", "index_name", with(func(e *relay.Event) { e.IndexName = "" })},
-		{"an uppercase index name", "index_name", with(func(e *relay.Event) { e.IndexName = "Tutorials" })},
-		{"an index name of 256 bytes", "index_name", with(func(e *relay.Event) { e.IndexName = strings.Repeat("i", 256) })},
-		{"the index name .", "index_name", with(func(e *relay.Event) { e.IndexName = "." })},
-		{"the index name ..", "index_name", with(func(e *relay.Event) { e.IndexName = ".." })},
+		{"an empty source_id", "source_id", with(func(e *outbox.Event) { e.SourceID = "" })},
+		{"a source_id of 513 bytes", "source_id", with(func(e *outbox.Event) { e.SourceID = strings.Repeat("x", 513) })},
+		{"a negative version", "version", with(func(e *outbox.Event) { e.Version = -1 })},
+		{"op merge", "op", with(func(e *outbox.Event) { e.Op = "merge" })},
+		{"an empty op", "op", with(func(e *outbox.Event) { e.Op = "" })},
+		{"an upsert without a document", "document", with(func(e *outbox.Event) { e.Document = nil })},
+		{"an upsert with a JSON array", "document", with(func(e *outbox.Event) { e.Document = json.RawMessage(`[1]`) })},
+		{"an upsert with a JSON string", "document", with(func(e *outbox.Event) { e.Document = json.RawMessage(`"x"`) })},
+		{"an upsert with broken JSON", "document", with(func(e *outbox.Event) { e.Document = json.RawMessage(`{"a":`) })},
+		{"a delete with a document", "document", with(func(e *outbox.Event) { e.Op = outbox.OpDelete })},
+		{"headers that are not an object", "headers", with(func(e *outbox.Event) { e.Headers = json.RawMessage(`[]`) })},
+		{"an empty index name", "index_name", with(func(e *outbox.Event) { e.IndexName = "" })},
+		{"an uppercase index name", "index_name", with(func(e *outbox.Event) { e.IndexName = "Tutorials" })},
+		{"an index name of 256 bytes", "index_name", with(func(e *outbox.Event) { e.IndexName = strings.Repeat("i", 256) })},
+		{"the index name .", "index_name", with(func(e *outbox.Event) { e.IndexName = "." })},
+		{"the index name ..", "index_name", with(func(e *outbox.Event) { e.IndexName = ".." })},
 	}
 	for _, p := range []string{"_", "-", "+"} {
 		cases = append(cases, struct {
 			name  string
 			field string
-			event relay.Event
-		}{"an index name starting with " + p, "index_name", with(func(e *relay.Event) { e.IndexName = p + "x" })})
+			event outbox.Event
+		}{"an index name starting with " + p, "index_name", with(func(e *outbox.Event) { e.IndexName = p + "x" })})
 	}
 	for _, c := range []string{`\`, `/`, `*`, `?`, `"`, `<`, `>`, `|`, `,`, `#`, ` `, `:`} {
 		what := fmt.Sprintf("%q", c)
@@ -276,8 +276,8 @@ func badGoEvents() []struct {
 		cases = append(cases, struct {
 			name  string
 			field string
-			event relay.Event
-		}{"an index name containing " + what, "index_name", with(func(e *relay.Event) { e.IndexName = "a" + c + "b" })})
+			event outbox.Event
+		}{"an index name containing " + what, "index_name", with(func(e *outbox.Event) { e.IndexName = "a" + c + "b" })})
 	}
 	return cases
 }
@@ -301,9 +301,9 @@ func TestOutboxValidation(t *testing.T) {
 					t.Fatal(err)
 				}
 				_, err = e.outbox.Append(ctx, tx, c.event)
-				var ve *relay.ValidationError
+				var ve *outbox.ValidationError
 				if !errors.As(err, &ve) {
-					t.Fatalf("Append: %v, want a *relay.ValidationError", err)
+					t.Fatalf("Append: %v, want a *outbox.ValidationError", err)
 				}
 				if ve.Field != c.field || !strings.Contains(err.Error(), c.field+":") || ve.Reason == "" {
 					t.Errorf("error %q (field %q), want it to name %s and a reason", err, ve.Field, c.field)
@@ -328,18 +328,18 @@ func TestOutboxValidation(t *testing.T) {
 	t.Run("Validate checks without touching the database", func(t *testing.T) {
 		t.Parallel()
 		for _, c := range badGoEvents() {
-			err := relay.Validate(&c.event)
-			var ve *relay.ValidationError
+			err := outbox.Validate(&c.event)
+			var ve *outbox.ValidationError
 			if !errors.As(err, &ve) || ve.Field != c.field {
 				t.Errorf("%s: %v, want a ValidationError for %s", c.name, err, c.field)
 			}
 		}
-		for _, ev := range []relay.Event{
-			{IndexName: strings.Repeat("i", 255), SourceID: strings.Repeat("s", 512), Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(` {"a": 1}`)},
-			{IndexName: "a-b_c.d+e", SourceID: "x", Op: relay.OpDelete},
-			{IndexName: "x", SourceID: "x", Op: relay.OpDelete, Document: json.RawMessage(`null`), Headers: json.RawMessage(`{"k":"v"}`)},
+		for _, ev := range []outbox.Event{
+			{IndexName: strings.Repeat("i", 255), SourceID: strings.Repeat("s", 512), Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(` {"a": 1}`)},
+			{IndexName: "a-b_c.d+e", SourceID: "x", Op: outbox.OpDelete},
+			{IndexName: "x", SourceID: "x", Op: outbox.OpDelete, Document: json.RawMessage(`null`), Headers: json.RawMessage(`{"k":"v"}`)},
 		} {
-			if err := relay.Validate(&ev); err != nil {
+			if err := outbox.Validate(&ev); err != nil {
 				t.Errorf("valid event refused: %v", err)
 			}
 		}
@@ -364,8 +364,8 @@ func TestOutboxAppendBatch(t *testing.T) {
 	t.Parallel()
 
 	// 600 explicit versions go through COPY, 400 auto ones through a batch.
-	mixed := func() []relay.Event {
-		var evs []relay.Event
+	mixed := func() []outbox.Event {
+		var evs []outbox.Event
 		for i := range 1000 {
 			if i%5 < 3 {
 				evs = append(evs, upsert(fmt.Sprintf("explicit-%d", i), int64(i+1)))
@@ -373,7 +373,7 @@ func TestOutboxAppendBatch(t *testing.T) {
 				evs = append(evs, upsert(fmt.Sprintf("auto-%d", i%10), 0))
 			}
 		}
-		evs = append(evs, relay.Event{IndexName: "tutorials", SourceID: "explicit-0", Version: 2, Op: relay.OpDelete})
+		evs = append(evs, outbox.Event{IndexName: "tutorials", SourceID: "explicit-0", Version: 2, Op: outbox.OpDelete})
 		return evs
 	}
 
@@ -442,7 +442,7 @@ func TestOutboxAppendBatch(t *testing.T) {
 		}
 		defer tx.Rollback(ctx)
 		_, err = e.outbox.AppendBatch(ctx, tx, evs)
-		var ve *relay.ValidationError
+		var ve *outbox.ValidationError
 		if !errors.As(err, &ve) || ve.Field != "index_name" || !strings.Contains(err.Error(), "event 500") {
 			t.Fatalf("AppendBatch: %v, want a ValidationError for event 500's index_name", err)
 		}
@@ -460,7 +460,7 @@ func TestOutboxAppendBatch(t *testing.T) {
 		ctx := t.Context()
 		// A source_id with a NUL byte passes Validate, but PostgreSQL
 		// cannot store it: the COPY fails on the server.
-		evs := []relay.Event{upsert("fine", 1), upsert("nul\x00byte", 2)}
+		evs := []outbox.Event{upsert("fine", 1), upsert("nul\x00byte", 2)}
 		tx, err := e.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -529,7 +529,7 @@ func TestOutboxQueue(t *testing.T) {
 		bad := upsert("a", 1)
 		bad.Document = nil
 		err := e.outbox.Queue(&b, bad)
-		var ve *relay.ValidationError
+		var ve *outbox.ValidationError
 		if !errors.As(err, &ve) || ve.Field != "document" {
 			t.Fatalf("Queue: %v, want a ValidationError for document", err)
 		}
@@ -552,7 +552,7 @@ func ExampleOutbox_Append() {
 	if err != nil {
 		panic(err)
 	}
-	outbox, err := relay.NewOutbox("outbox")
+	ob, err := outbox.NewOutbox("outbox")
 	if err != nil {
 		panic(err)
 	}
@@ -567,11 +567,11 @@ func ExampleOutbox_Append() {
 		if err != nil {
 			return err
 		}
-		_, err = outbox.Append(ctx, tx, relay.Event{
+		_, err = ob.Append(ctx, tx, outbox.Event{
 			IndexName: "tutorials",
 			SourceID:  id,
 			Version:   version,
-			Op:        relay.OpUpsert,
+			Op:        outbox.OpUpsert,
 			Document:  doc,
 			EventType: "tutorial.updated",
 		})
@@ -589,14 +589,14 @@ func ExampleOutbox_Queue() {
 	if err != nil {
 		panic(err)
 	}
-	outbox, err := relay.NewOutbox("outbox")
+	ob, err := outbox.NewOutbox("outbox")
 	if err != nil {
 		panic(err)
 	}
 	var b pgx.Batch
 	b.Queue(`INSERT INTO tutorials (id, title, version) VALUES ($1, $2, 1)`, "43", "Queued")
-	if err := outbox.Queue(&b, relay.Event{
-		IndexName: "tutorials", SourceID: "43", Version: 1, Op: relay.OpUpsert,
+	if err := ob.Queue(&b, outbox.Event{
+		IndexName: "tutorials", SourceID: "43", Version: 1, Op: outbox.OpUpsert,
 		Document: json.RawMessage(`{"id": "43", "title": "Queued"}`),
 	}); err != nil {
 		panic(err)
