@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/outbox"
-	"github.com/outboxd/outboxd/relay"
 )
 
 // Options configure a Sink.
@@ -49,8 +48,6 @@ type bootEntry struct {
 	mu sync.Mutex
 	ok bool
 }
-
-var _ relay.Sink = (*Sink)(nil)
 
 // NewSink checks o and returns a Sink. It does not contact Elasticsearch:
 // indices are bootstrapped on first use.

@@ -11,6 +11,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 
 	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
 )
 
 func TestSinkOutcomes(t *testing.T) {
@@ -365,3 +366,6 @@ func TestCheckEvent(t *testing.T) {
 		}
 	}
 }
+
+// The sink is what the relay engine writes to.
+var _ relay.Sink = (*Sink)(nil)
