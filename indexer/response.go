@@ -53,10 +53,10 @@ func responseError(op string, status int, body []byte) *ResponseError {
 	return re
 }
 
-// perform runs req and returns the body of a 2xx answer, or a *ResponseError,
+// Perform runs req and returns the body of a 2xx answer, or a *ResponseError,
 // or the transport's error. For the small control requests of bootstrap,
 // purge and ping; bulk has its own loop.
-func perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {
+func Perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {
 	res, err := req.Do(ctx, es)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: %s: %w", op, err)

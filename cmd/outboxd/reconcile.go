@@ -8,7 +8,7 @@ import (
 	"os"
 	"sort"
 
-	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/indexer/repair"
 )
 
 func init() {
@@ -69,8 +69,8 @@ Flags:
 		return err
 	}
 	defer pool.Close()
-	prog := indexer.NewProgress("scan "+*index, 0, indexer.ProgressOptions{})
-	rep, err := indexer.Reconcile(ctx, indexer.ReconcileOptions{
+	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{})
+	rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
 		ES: client, DB: pool, Schema: db.schema, Index: *index, SourceSQL: *sourceSQL,
 		Apply: *apply, Sample: max(*sample, 1), Operator: *operator, Progress: prog,
 	})
@@ -85,7 +85,7 @@ Flags:
 	} else {
 		reconcilePrint(rep, *sample)
 	}
-	remaining := rep.NeedsRepair + rep.Counts[indexer.DriftDuplicate] + rep.Counts[indexer.DriftAhead]
+	remaining := rep.NeedsRepair + rep.Counts[repair.DriftDuplicate] + rep.Counts[repair.DriftAhead]
 	if !rep.Applied {
 		remaining += rep.Events
 	}
@@ -95,9 +95,9 @@ Flags:
 	return nil
 }
 
-func reconcilePrint(rep *indexer.ReconcileReport, sample int) {
+func reconcilePrint(rep *repair.ReconcileReport, sample int) {
 	fmt.Printf("index %s: %d documents (%d source_ids); source: %d rows\n", rep.Index, rep.IndexDocs, rep.IndexKeys, rep.SourceRows)
-	kinds := []string{indexer.DriftMissing, indexer.DriftStale, indexer.DriftExtra, indexer.DriftResurrected, indexer.DriftDuplicate, indexer.DriftAhead}
+	kinds := []string{repair.DriftMissing, repair.DriftStale, repair.DriftExtra, repair.DriftResurrected, repair.DriftDuplicate, repair.DriftAhead}
 	for _, k := range kinds {
 		fmt.Printf("  %-12s %d\n", k, rep.Counts[k])
 	}

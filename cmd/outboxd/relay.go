@@ -18,6 +18,7 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/indexer/repair"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -234,7 +235,7 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		return errors.New("reconcile-schedule: needs --reconcile-index and --reconcile-sql")
 	}
 	return s.Add("reconcile", f.reconcileSchedule, func(ctx context.Context) error {
-		rep, err := indexer.Reconcile(ctx, indexer.ReconcileOptions{
+		rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
 			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: f.reconcileSQL,
 			Apply: f.reconcileApply, Operator: "scheduler",
 		})

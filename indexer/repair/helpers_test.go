@@ -1,4 +1,4 @@
-package indexer
+package repair
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
+	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -31,7 +32,7 @@ type repairIndex struct {
 
 func setupRepairIndex(t testing.TB, twoIndices bool) *repairIndex {
 	t.Helper()
-	es, err := NewClient(ClientConfig{Addresses: []string{schematest.ElasticsearchURL(t)}, Timeout: time.Minute})
+	es, err := indexer.NewClient(indexer.ClientConfig{Addresses: []string{schematest.ElasticsearchURL(t)}, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package indexer
+package repair
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
+
+	"github.com/outboxd/outboxd/indexer"
 )
 
 // ScanHit is one document seen by Scan, with the coordinates a conditional
@@ -156,14 +158,14 @@ func scanCount(ctx context.Context, es *elasticsearch.Client, indices []string) 
 
 // scanIsStatus reports whether err is an Elasticsearch answer with status.
 func scanIsStatus(err error, status int) bool {
-	var re *ResponseError
+	var re *indexer.ResponseError
 	return errors.As(err, &re) && re.Status == status
 }
 
-// scanDo performs req (see perform) and decodes the 2xx body into out,
+// scanDo performs req (see indexer.Perform) and decodes the 2xx body into out,
 // if non-nil.
 func scanDo(ctx context.Context, es *elasticsearch.Client, op string, req esapi.Request, out any) error {
-	body, err := perform(ctx, es, op, req)
+	body, err := indexer.Perform(ctx, es, op, req)
 	if err != nil || out == nil {
 		return err
 	}
