@@ -1,4 +1,4 @@
-package tutorials
+package main
 
 import (
 	"net/http"

@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"os"
 	"time"
-
-	"github.com/outboxd/outboxd/cmd/outboxd/internal/tutorials"
 )
 
 func init() {
-	register("demo-client", "play a retrying, double-clicking client against example-api and wait for search to converge", runDemoClient)
+	register("demo", "play a retrying, double-clicking client against the API and wait for search to converge", runDemoClient)
 }
 
 func runDemoClient(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("demo-client", flag.ContinueOnError)
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	api := fs.String("api", envOr("OUTBOXD_API_URL", "http://127.0.0.1:8080"), "example API base URL (env OUTBOXD_API_URL)")
 	user := fs.String("user", "demo-user", "X-User-ID to write as")
 	count := fs.Int("count", 20, "tutorials to create")
@@ -27,7 +25,7 @@ func runDemoClient(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
-	return tutorials.RunDemo(ctx, tutorials.DemoOptions{
+	return RunDemo(ctx, DemoOptions{
 		BaseURL: *api, Out: os.Stdout, User: *user, Count: *count, Burst: *burst, Wait: *wait,
 	})
 }

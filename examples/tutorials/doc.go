@@ -1,6 +1,11 @@
-// Package tutorials is outboxd's example business service: an idempotent
-// tutorials API that writes through the transactional outbox, and the
-// scripted client `make demo` runs against it.
+// Command tutorials is outboxd's example business service, a binary of its
+// own (`make demo` builds bin/tutorials): an idempotent tutorials API that
+// appends its events with package outbox in its own transactions, and the
+// scripted client the demo plays against it. It uses only outboxd's public
+// packages, the way an application would.
+//
+//	tutorials api  [flags]   serve the API described below
+//	tutorials demo [flags]   play a retrying, double-clicking client against it
 //
 // # API
 //
@@ -63,4 +68,4 @@
 // deletes are soft and append a delete event at the bumped version. The
 // indexer applies events with version_type=external_gte, so duplicates,
 // replays and reordering cannot resurrect or roll back a document.
-package tutorials
+package main

@@ -12,24 +12,22 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/outboxd/outboxd/cmd/outboxd/internal/tutorials"
 )
 
 func init() {
-	register("example-api", "run the example tutorials API (idempotent writes through the outbox)", runExampleAPI)
+	register("api", "run the tutorials API (idempotent writes through the outbox)", runExampleAPI)
 }
 
 func runExampleAPI(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("example-api", flag.ContinueOnError)
+	fs := flag.NewFlagSet("api", flag.ContinueOnError)
 	db := addDBFlags(fs)
 	es := addESFlags(fs)
 	addr := fs.String("addr", envOr("OUTBOXD_API_ADDR", "127.0.0.1:8080"), "listen address (env OUTBOXD_API_ADDR); loopback by default: X-User-ID is trusted as is")
-	tables := fs.String("tutorials-schema", envOr("OUTBOXD_TUTORIALS_SCHEMA", tutorials.DefaultSchema), "schema of the tutorials and idempotency_keys tables, created at start (env OUTBOXD_TUTORIALS_SCHEMA)")
-	index := fs.String("index", envOr("OUTBOXD_TUTORIALS_INDEX", tutorials.DefaultIndex), "index_name of the events; search reads <index>-read (env OUTBOXD_TUTORIALS_INDEX)")
-	ttl := fs.Duration("key-ttl", envDuration("OUTBOXD_KEY_TTL", tutorials.DefaultKeyTTL), "how long idempotency keys are remembered (env OUTBOXD_KEY_TTL)")
-	lease := fs.Duration("key-lease", envDuration("OUTBOXD_KEY_LEASE", tutorials.DefaultLease), "how long a PROCESSING key is protected before a retry may take it over (env OUTBOXD_KEY_LEASE)")
-	schedule := fs.String("key-cleanup-schedule", envOr("OUTBOXD_KEY_CLEANUP_SCHEDULE", tutorials.DefaultCleanupSchedule), "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *' (env OUTBOXD_KEY_CLEANUP_SCHEDULE)")
+	tables := fs.String("tutorials-schema", envOr("OUTBOXD_TUTORIALS_SCHEMA", DefaultSchema), "schema of the tutorials and idempotency_keys tables, created at start (env OUTBOXD_TUTORIALS_SCHEMA)")
+	index := fs.String("index", envOr("OUTBOXD_TUTORIALS_INDEX", DefaultIndex), "index_name of the events; search reads <index>-read (env OUTBOXD_TUTORIALS_INDEX)")
+	ttl := fs.Duration("key-ttl", envDuration("OUTBOXD_KEY_TTL", DefaultKeyTTL), "how long idempotency keys are remembered (env OUTBOXD_KEY_TTL)")
+	lease := fs.Duration("key-lease", envDuration("OUTBOXD_KEY_LEASE", DefaultLease), "how long a PROCESSING key is protected before a retry may take it over (env OUTBOXD_KEY_LEASE)")
+	schedule := fs.String("key-cleanup-schedule", envOr("OUTBOXD_KEY_CLEANUP_SCHEDULE", DefaultCleanupSchedule), "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *' (env OUTBOXD_KEY_CLEANUP_SCHEDULE)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -48,7 +46,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := tutorials.Migrate(ctx, pool, *tables); err != nil {
+	if err := Migrate(ctx, pool, *tables); err != nil {
 		return err
 	}
 	client, err := es.client()
@@ -58,7 +56,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := tutorials.New(tutorials.Config{
+	srv, err := New(Config{
 		Pool:          pool,
 		Schema:        *tables,
 		OutboxSchema:  db.schema,
