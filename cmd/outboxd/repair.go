@@ -81,7 +81,7 @@ func runRepair(ctx context.Context, args []string) error {
 	if *index == "" {
 		return fmt.Errorf("index: required (--index NAME)")
 	}
-	keyFields, err := repair.ParseRepairKey(*key)
+	keyFields, err := repair.ParseKey(*key)
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func runRepair(ctx context.Context, args []string) error {
 	}
 
 	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{})
-	plan, err := repair.PlanRepair(ctx, client, repair.RepairOptions{
+	plan, err := repair.PlanDuplicates(ctx, client, repair.Options{
 		Index: *index, Key: keyFields, VersionField: *versionField, UpdatedField: *updatedField,
 		PageSize: *pageSize, Progress: prog,
 	})
@@ -187,7 +187,7 @@ Flags:
 	}
 	defer audit.Close()
 	prog := repair.NewProgress("restore", 0, repair.ProgressOptions{})
-	res, err := repair.RestoreRepair(ctx, client, fs.Arg(0), repair.RestoreOptions{Audit: audit, Progress: prog})
+	res, err := repair.Restore(ctx, client, fs.Arg(0), repair.RestoreOptions{Audit: audit, Progress: prog})
 	prog.Finish()
 	if err != nil {
 		return err

@@ -8,7 +8,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 )
 
-// ApplyOptions configures (*RepairPlan).Apply.
+// ApplyOptions configures (*Plan).Apply.
 type ApplyOptions struct {
 	// BackupPath is required and must not exist yet; Apply refuses to
 	// change anything until the backup is written and fsynced.
@@ -22,22 +22,22 @@ type ApplyOptions struct {
 	Progress *Progress
 }
 
-// RepairSkip is a document or group Apply (or a restore) left alone, and why.
-type RepairSkip struct {
+// Skip is a document or group Apply (or a restore) left alone, and why.
+type Skip struct {
 	Key    string `json:"key,omitempty"`
 	Index  string `json:"index"`
 	ID     string `json:"_id"`
 	Reason string `json:"reason"`
 }
 
-// RepairResult counts what Apply did.
-type RepairResult struct {
-	BackupPath string       `json:"backup"`
-	Groups     int          `json:"groups"` // groups completed without a skip
-	Rewritten  int          `json:"rewritten"`
-	Created    int          `json:"created"`
-	Removed    int          `json:"removed"`
-	Skipped    []RepairSkip `json:"skipped,omitempty"`
+// Result counts what Apply did.
+type Result struct {
+	BackupPath string `json:"backup"`
+	Groups     int    `json:"groups"` // groups completed without a skip
+	Rewritten  int    `json:"rewritten"`
+	Created    int    `json:"created"`
+	Removed    int    `json:"removed"`
+	Skipped    []Skip `json:"skipped,omitempty"`
 }
 
 // Apply executes the plan:
@@ -56,7 +56,7 @@ type RepairResult struct {
 //
 // Groups with a Conflict are skipped. Apply returns an error only when it
 // could not proceed at all; per-document refusals are in Skipped.
-func (p *RepairPlan) Apply(ctx context.Context, es *elasticsearch.Client, opts ApplyOptions) (*RepairResult, error) {
+func (p *Plan) Apply(ctx context.Context, es *elasticsearch.Client, opts ApplyOptions) (*Result, error) {
 	if opts.BackupPath == "" {
 		return nil, fmt.Errorf("indexer: repair apply: backup: a backup path is required")
 	}
@@ -64,7 +64,7 @@ func (p *RepairPlan) Apply(ctx context.Context, es *elasticsearch.Client, opts A
 	if batch <= 0 {
 		batch = 500
 	}
-	if err := repairWriteBackup(ctx, es, p, opts.BackupPath, opts.Operator, batch); err != nil {
+	if err := writeBackup(ctx, es, p, opts.BackupPath, opts.Operator, batch); err != nil {
 		return nil, fmt.Errorf("%w (nothing was changed)", err)
 	}
 	s := p.Summary()
@@ -74,7 +74,7 @@ func (p *RepairPlan) Apply(ctx context.Context, es *elasticsearch.Client, opts A
 	if err := opts.Audit.Sync(); err != nil {
 		return nil, fmt.Errorf("indexer: audit log: %w (nothing was changed)", err)
 	}
-	res := &RepairResult{BackupPath: opts.BackupPath}
+	res := &Result{BackupPath: opts.BackupPath}
 	start := 0
 	for start < len(p.Groups) {
 		end, n := start, 0
@@ -82,7 +82,7 @@ func (p *RepairPlan) Apply(ctx context.Context, es *elasticsearch.Client, opts A
 			n += len(p.Groups[end].Remove) + 1
 			end++
 		}
-		if err := p.repairApplyChunk(ctx, es, p.Groups[start:end], res, opts); err != nil {
+		if err := p.applyChunk(ctx, es, p.Groups[start:end], res, opts); err != nil {
 			return res, err
 		}
 		opts.Progress.Add(int64(end - start))
@@ -95,16 +95,16 @@ func (p *RepairPlan) Apply(ctx context.Context, es *elasticsearch.Client, opts A
 	return res, err
 }
 
-type repairGroupState struct {
-	skip    []RepairSkip
+type groupState struct {
+	skip    []Skip
 	ids     []string
 	removed int
 }
 
-func (p *RepairPlan) repairApplyChunk(ctx context.Context, es *elasticsearch.Client, groups []RepairGroup, res *RepairResult, opts ApplyOptions) error {
-	states := make([]repairGroupState, len(groups))
-	skipGroup := func(i int, d RepairDoc, reason string) {
-		states[i].skip = append(states[i].skip, RepairSkip{Key: groups[i].Key, Index: d.Index, ID: d.ID, Reason: reason})
+func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups []Group, res *Result, opts ApplyOptions) error {
+	states := make([]groupState, len(groups))
+	skipGroup := func(i int, d Doc, reason string) {
+		states[i].skip = append(states[i].skip, Skip{Key: groups[i].Key, Index: d.Index, ID: d.ID, Reason: reason})
 	}
 	for i, g := range groups {
 		if g.Conflict != "" {
@@ -113,13 +113,13 @@ func (p *RepairPlan) repairApplyChunk(ctx context.Context, es *elasticsearch.Cli
 	}
 
 	// 1. Keepers that move: still as scanned?
-	var refs []repairRef
+	var refs []docRef
 	for i, g := range groups {
 		if g.Rewrite && len(states[i].skip) == 0 {
-			refs = append(refs, repairRef{g.Keeper.Index, g.Keeper.ID})
+			refs = append(refs, docRef{g.Keeper.Index, g.Keeper.ID})
 		}
 	}
-	got, err := repairMget(ctx, es, refs, true)
+	got, err := mget(ctx, es, refs, true)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (p *RepairPlan) repairApplyChunk(ctx context.Context, es *elasticsearch.Cli
 		if !g.Rewrite || len(states[i].skip) > 0 {
 			continue
 		}
-		d := got[repairRef{g.Keeper.Index, g.Keeper.ID}]
+		d := got[docRef{g.Keeper.Index, g.Keeper.ID}]
 		switch {
 		case !d.Found:
 			skipGroup(i, g.Keeper, "keeper deleted since the scan")
@@ -138,13 +138,13 @@ func (p *RepairPlan) repairApplyChunk(ctx context.Context, es *elasticsearch.Cli
 			skipGroup(i, g.Keeper, fmt.Sprintf("keeper changed since the scan (_seq_no %d, now %d)", g.Keeper.SeqNo, d.SeqNo))
 			continue
 		}
-		repairAction(&buf, "index", map[string]any{"_index": p.WriteAlias, "_id": g.TargetID, "version": g.Keeper.Version, "version_type": "external_gte"}, d.Source)
+		bulkAction(&buf, "index", map[string]any{"_index": p.WriteAlias, "_id": g.TargetID, "version": g.Keeper.Version, "version_type": "external_gte"}, d.Source)
 		writing = append(writing, i)
 	}
 
 	// 2. Rewrite them under _id = source_id in the write alias.
 	if len(writing) > 0 {
-		items, err := repairBulk(ctx, es, buf.Bytes())
+		items, err := bulk(ctx, es, buf.Bytes())
 		if err != nil {
 			return err
 		}
@@ -156,7 +156,7 @@ func (p *RepairPlan) repairApplyChunk(ctx context.Context, es *elasticsearch.Cli
 				if it.Status == 409 {
 					reason = "rewrite refused: the target holds a newer version (" + it.reason() + ")"
 				}
-				skipGroup(i, RepairDoc{Index: p.WriteIndex, ID: g.TargetID}, reason)
+				skipGroup(i, Doc{Index: p.WriteIndex, ID: g.TargetID}, reason)
 				continue
 			}
 			res.Rewritten++
@@ -171,7 +171,7 @@ func (p *RepairPlan) repairApplyChunk(ctx context.Context, es *elasticsearch.Cli
 	buf.Reset()
 	type del struct {
 		group int
-		doc   RepairDoc
+		doc   Doc
 	}
 	var dels []del
 	for i, g := range groups {
@@ -179,12 +179,12 @@ func (p *RepairPlan) repairApplyChunk(ctx context.Context, es *elasticsearch.Cli
 			continue
 		}
 		for _, d := range g.Remove {
-			repairAction(&buf, "delete", map[string]any{"_index": d.Index, "_id": d.ID, "if_seq_no": d.SeqNo, "if_primary_term": d.PrimaryTerm}, nil)
+			bulkAction(&buf, "delete", map[string]any{"_index": d.Index, "_id": d.ID, "if_seq_no": d.SeqNo, "if_primary_term": d.PrimaryTerm}, nil)
 			dels = append(dels, del{i, d})
 		}
 	}
 	if len(dels) > 0 {
-		items, err := repairBulk(ctx, es, buf.Bytes())
+		items, err := bulk(ctx, es, buf.Bytes())
 		if err != nil {
 			return err
 		}

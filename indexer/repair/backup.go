@@ -41,9 +41,9 @@ type BackupEntry struct {
 	Time     time.Time `json:"time,omitzero"`
 }
 
-type repairRef struct{ index, id string }
+type docRef struct{ index, id string }
 
-type repairFetched struct {
+type fetched struct {
 	Index       string          `json:"_index"`
 	ID          string          `json:"_id"`
 	Found       bool            `json:"found"`
@@ -53,9 +53,9 @@ type repairFetched struct {
 	Source      json.RawMessage `json:"_source"`
 }
 
-// repairMget fetches documents by (index, _id) in one request.
-func repairMget(ctx context.Context, es *elasticsearch.Client, refs []repairRef, source bool) (map[repairRef]repairFetched, error) {
-	out := make(map[repairRef]repairFetched, len(refs))
+// mget fetches documents by (index, _id) in one request.
+func mget(ctx context.Context, es *elasticsearch.Client, refs []docRef, source bool) (map[docRef]fetched, error) {
+	out := make(map[docRef]fetched, len(refs))
 	if len(refs) == 0 {
 		return out, nil
 	}
@@ -74,19 +74,19 @@ func repairMget(ctx context.Context, es *elasticsearch.Client, refs []repairRef,
 	}
 	realtime := true
 	var res struct {
-		Docs []repairFetched `json:"docs"`
+		Docs []fetched `json:"docs"`
 	}
 	if err := scanDo(ctx, es, "mget", esapi.MgetRequest{Body: bytes.NewReader(body), Realtime: &realtime}, &res); err != nil {
 		return nil, err
 	}
 	for _, d := range res.Docs {
-		out[repairRef{d.Index, d.ID}] = d
+		out[docRef{d.Index, d.ID}] = d
 	}
 	return out, nil
 }
 
-// repairBulkItem is one item of a bulk answer.
-type repairBulkItem struct {
+// bulkItem is one item of a bulk answer.
+type bulkItem struct {
 	Status  int   `json:"status"`
 	Version int64 `json:"_version"`
 	Error   *struct {
@@ -95,22 +95,22 @@ type repairBulkItem struct {
 	} `json:"error"`
 }
 
-func (it repairBulkItem) reason() string {
+func (it bulkItem) reason() string {
 	if it.Error == nil {
 		return fmt.Sprintf("status %d", it.Status)
 	}
 	return it.Error.Type + ": " + it.Error.Reason
 }
 
-// repairBulk sends an NDJSON bulk body and returns the items in order.
-func repairBulk(ctx context.Context, es *elasticsearch.Client, body []byte) ([]repairBulkItem, error) {
+// bulk sends an NDJSON bulk body and returns the items in order.
+func bulk(ctx context.Context, es *elasticsearch.Client, body []byte) ([]bulkItem, error) {
 	var res struct {
-		Items []map[string]repairBulkItem `json:"items"`
+		Items []map[string]bulkItem `json:"items"`
 	}
 	if err := scanDo(ctx, es, "bulk", esapi.BulkRequest{Body: bytes.NewReader(body)}, &res); err != nil {
 		return nil, err
 	}
-	out := make([]repairBulkItem, len(res.Items))
+	out := make([]bulkItem, len(res.Items))
 	for i, m := range res.Items {
 		for _, it := range m {
 			out[i] = it
@@ -119,7 +119,7 @@ func repairBulk(ctx context.Context, es *elasticsearch.Client, body []byte) ([]r
 	return out, nil
 }
 
-func repairAction(buf *bytes.Buffer, action string, meta map[string]any, source json.RawMessage) {
+func bulkAction(buf *bytes.Buffer, action string, meta map[string]any, source json.RawMessage) {
 	b, _ := json.Marshal(map[string]any{action: meta})
 	buf.Write(b)
 	buf.WriteByte('\n')
@@ -129,10 +129,10 @@ func repairAction(buf *bytes.Buffer, action string, meta map[string]any, source 
 	}
 }
 
-// repairWriteBackup writes the backup of every document plan touches and
+// writeBackup writes the backup of every document plan touches and
 // every document it creates, then fsyncs the file and its directory. The
 // file must not exist: a backup is never overwritten.
-func repairWriteBackup(ctx context.Context, es *elasticsearch.Client, plan *RepairPlan, path, operator string, batch int) (err error) {
+func writeBackup(ctx context.Context, es *elasticsearch.Client, plan *Plan, path, operator string, batch int) (err error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("indexer: backup: %w", err)
@@ -147,9 +147,9 @@ func repairWriteBackup(ctx context.Context, es *elasticsearch.Client, plan *Repa
 	if err := enc.Encode(BackupEntry{Kind: BackupHeader, Index: plan.Index, Target: plan.WriteIndex, Operator: operator, Time: time.Now().UTC()}); err != nil {
 		return fmt.Errorf("indexer: backup: %w", err)
 	}
-	var refs []repairRef
+	var refs []docRef
 	flush := func() error {
-		got, err := repairMget(ctx, es, refs, true)
+		got, err := mget(ctx, es, refs, true)
 		if err != nil {
 			return err
 		}
@@ -176,10 +176,10 @@ func repairWriteBackup(ctx context.Context, es *elasticsearch.Client, plan *Repa
 			}
 		}
 		if g.Overwrites != nil {
-			refs = append(refs, repairRef{g.Overwrites.Index, g.Overwrites.ID})
+			refs = append(refs, docRef{g.Overwrites.Index, g.Overwrites.ID})
 		}
 		for _, d := range g.Remove {
-			refs = append(refs, repairRef{d.Index, d.ID})
+			refs = append(refs, docRef{d.Index, d.ID})
 		}
 		if len(refs) >= batch {
 			if err := flush(); err != nil {
@@ -208,7 +208,7 @@ func repairWriteBackup(ctx context.Context, es *elasticsearch.Client, plan *Repa
 	return nil
 }
 
-// RestoreOptions configures RestoreRepair.
+// RestoreOptions configures Restore.
 type RestoreOptions struct {
 	Audit    *AuditLog
 	Batch    int // documents per request; 0 means 500
@@ -222,19 +222,19 @@ type RestoreResult struct {
 	// Elasticsearch holds now: external versioning cannot go down while
 	// a newer version is known (the repair's rewrite, or the delete
 	// tombstone Elasticsearch keeps for index.gc_deletes, 60s by default).
-	Raised  int          `json:"raised"`
-	Removed int          `json:"removed"` // documents the repair had created
-	Skipped []RepairSkip `json:"skipped,omitempty"`
+	Raised  int    `json:"raised"`
+	Removed int    `json:"removed"` // documents the repair had created
+	Skipped []Skip `json:"skipped,omitempty"`
 }
 
-var repairCurrentVersionRE = regexp.MustCompile(`current version \[(\d+)\]`)
+var currentVersionRE = regexp.MustCompile(`current version \[(\d+)\]`)
 
-// RestoreRepair puts back what a repair backup holds: every backed-up
+// Restore puts back what a repair backup holds: every backed-up
 // document under its index and _id with its source, at its backed-up
 // _version (version_type=external_gte) when Elasticsearch allows it; and
 // removes every document the repair created, unless it changed since (its
 // _version is no longer the one the repair wrote), which is reported.
-func RestoreRepair(ctx context.Context, es *elasticsearch.Client, path string, opts RestoreOptions) (*RestoreResult, error) {
+func Restore(ctx context.Context, es *elasticsearch.Client, path string, opts RestoreOptions) (*RestoreResult, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: restore: %w", err)
@@ -269,7 +269,7 @@ func RestoreRepair(ctx context.Context, es *elasticsearch.Client, path string, o
 		}
 		pending = append(pending, e)
 		if len(pending) >= batch {
-			if err := repairRestoreBatch(ctx, es, pending, res, opts); err != nil {
+			if err := restoreBatch(ctx, es, pending, res, opts); err != nil {
 				return res, err
 			}
 			pending = pending[:0]
@@ -278,51 +278,51 @@ func RestoreRepair(ctx context.Context, es *elasticsearch.Client, path string, o
 	if err := sc.Err(); err != nil {
 		return res, fmt.Errorf("indexer: restore: %s: %w", path, err)
 	}
-	if err := repairRestoreBatch(ctx, es, pending, res, opts); err != nil {
+	if err := restoreBatch(ctx, es, pending, res, opts); err != nil {
 		return res, err
 	}
 	_ = opts.Audit.Append(AuditEntry{Action: "repair.restore", Reason: "restore from " + path, Outcome: fmt.Sprintf("restored %d, raised %d, removed %d, skipped %d", res.Restored, res.Raised, res.Removed, len(res.Skipped))})
 	return res, opts.Audit.Sync()
 }
 
-func repairRestoreBatch(ctx context.Context, es *elasticsearch.Client, entries []BackupEntry, res *RestoreResult, opts RestoreOptions) error {
+func restoreBatch(ctx context.Context, es *elasticsearch.Client, entries []BackupEntry, res *RestoreResult, opts RestoreOptions) error {
 	if len(entries) == 0 {
 		return nil
 	}
-	var created []repairRef
+	var created []docRef
 	var docs []BackupEntry
 	for _, e := range entries {
 		if e.Kind == BackupCreated {
-			created = append(created, repairRef{e.Index, e.ID})
+			created = append(created, docRef{e.Index, e.ID})
 		} else {
 			docs = append(docs, e)
 		}
 	}
 	// Remove the repair's creations, but only as the repair left them.
 	if len(created) > 0 {
-		got, err := repairMget(ctx, es, created, false)
+		got, err := mget(ctx, es, created, false)
 		if err != nil {
 			return fmt.Errorf("indexer: restore: %w", err)
 		}
 		var buf bytes.Buffer
-		var refs []repairRef
+		var refs []docRef
 		for _, e := range entries {
 			if e.Kind != BackupCreated {
 				continue
 			}
-			d := got[repairRef{e.Index, e.ID}]
+			d := got[docRef{e.Index, e.ID}]
 			switch {
 			case !d.Found:
 				continue
 			case d.Version != e.Version:
-				res.Skipped = append(res.Skipped, RepairSkip{Index: e.Index, ID: e.ID, Reason: fmt.Sprintf("created by the repair at version %d but now at %d: changed since, left in place", e.Version, d.Version)})
+				res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: fmt.Sprintf("created by the repair at version %d but now at %d: changed since, left in place", e.Version, d.Version)})
 				continue
 			}
-			repairAction(&buf, "delete", map[string]any{"_index": e.Index, "_id": e.ID, "if_seq_no": d.SeqNo, "if_primary_term": d.PrimaryTerm}, nil)
-			refs = append(refs, repairRef{e.Index, e.ID})
+			bulkAction(&buf, "delete", map[string]any{"_index": e.Index, "_id": e.ID, "if_seq_no": d.SeqNo, "if_primary_term": d.PrimaryTerm}, nil)
+			refs = append(refs, docRef{e.Index, e.ID})
 		}
 		if len(refs) > 0 {
-			items, err := repairBulk(ctx, es, buf.Bytes())
+			items, err := bulk(ctx, es, buf.Bytes())
 			if err != nil {
 				return fmt.Errorf("indexer: restore: %w", err)
 			}
@@ -330,7 +330,7 @@ func repairRestoreBatch(ctx context.Context, es *elasticsearch.Client, entries [
 				if it.Status < 300 {
 					res.Removed++
 				} else {
-					res.Skipped = append(res.Skipped, RepairSkip{Index: refs[i].index, ID: refs[i].id, Reason: "remove created document: " + it.reason()})
+					res.Skipped = append(res.Skipped, Skip{Index: refs[i].index, ID: refs[i].id, Reason: "remove created document: " + it.reason()})
 				}
 			}
 		}
@@ -340,9 +340,9 @@ func repairRestoreBatch(ctx context.Context, es *elasticsearch.Client, entries [
 	}
 	var buf bytes.Buffer
 	for _, e := range docs {
-		repairAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": e.Version, "version_type": "external_gte"}, e.Source)
+		bulkAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": e.Version, "version_type": "external_gte"}, e.Source)
 	}
-	items, err := repairBulk(ctx, es, buf.Bytes())
+	items, err := bulk(ctx, es, buf.Bytes())
 	if err != nil {
 		return fmt.Errorf("indexer: restore: %w", err)
 	}
@@ -354,23 +354,23 @@ func repairRestoreBatch(ctx context.Context, es *elasticsearch.Client, entries [
 		case it.Status < 300:
 			res.Restored++
 		case it.Status == 409 && it.Error != nil:
-			m := repairCurrentVersionRE.FindStringSubmatch(it.Error.Reason)
+			m := currentVersionRE.FindStringSubmatch(it.Error.Reason)
 			if m == nil {
-				res.Skipped = append(res.Skipped, RepairSkip{Index: e.Index, ID: e.ID, Reason: it.reason()})
+				res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.reason()})
 				continue
 			}
 			v, _ := strconv.ParseInt(m[1], 10, 64)
-			repairAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": v, "version_type": "external_gte"}, e.Source)
+			bulkAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": v, "version_type": "external_gte"}, e.Source)
 			raised = append(raised, e)
 		default:
-			res.Skipped = append(res.Skipped, RepairSkip{Index: e.Index, ID: e.ID, Reason: it.reason()})
+			res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.reason()})
 		}
 	}
 	opts.Progress.Add(int64(len(entries)))
 	if len(raised) == 0 {
 		return nil
 	}
-	items, err = repairBulk(ctx, es, buf.Bytes())
+	items, err = bulk(ctx, es, buf.Bytes())
 	if err != nil {
 		return fmt.Errorf("indexer: restore: %w", err)
 	}
@@ -378,7 +378,7 @@ func repairRestoreBatch(ctx context.Context, es *elasticsearch.Client, entries [
 		if it.Status < 300 {
 			res.Raised++
 		} else {
-			res.Skipped = append(res.Skipped, RepairSkip{Index: raised[i].Index, ID: raised[i].ID, Reason: it.reason()})
+			res.Skipped = append(res.Skipped, Skip{Index: raised[i].Index, ID: raised[i].ID, Reason: it.reason()})
 		}
 	}
 	return nil

@@ -34,17 +34,17 @@ func BenchmarkRepair200k(b *testing.B) {
 	ctx := context.Background()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		ri := setupRepairIndex(b, false)
+		ri := setupIndex(b, false)
 		ri.raw(b, "PUT", "/"+ri.write+"/_settings", `{"index":{"refresh_interval":"-1"}}`)
-		dups := repairBenchSeed(b, ri, total)
+		dups := benchSeed(b, ri, total)
 		ri.raw(b, "PUT", "/"+ri.write+"/_settings", `{"index":{"refresh_interval":null}}`)
 		ri.refresh(b)
 		runtime.GC()
-		repairResetPeakRSS(b)
+		resetPeakRSS(b)
 		b.StartTimer()
 
 		t0 := time.Now()
-		plan, err := PlanRepair(ctx, ri.es, RepairOptions{Index: ri.name, PageSize: 2000})
+		plan, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name, PageSize: 2000})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -63,7 +63,7 @@ func BenchmarkRepair200k(b *testing.B) {
 		if len(res.Skipped) != 0 || res.Removed != s.Remove {
 			b.Fatalf("result: removed %d of %d, skipped %d", res.Removed, s.Remove, len(res.Skipped))
 		}
-		b.ReportMetric(float64(repairPeakRSS(b))/(1<<20), "peakRSS_MB")
+		b.ReportMetric(float64(peakRSS(b))/(1<<20), "peakRSS_MB")
 		b.ReportMetric(planDur.Seconds(), "plan_s")
 		b.ReportMetric(applyDur.Seconds(), "apply_s")
 		b.ReportMetric(float64(total)/(planDur+applyDur).Seconds(), "docs/s")
@@ -72,10 +72,10 @@ func BenchmarkRepair200k(b *testing.B) {
 	}
 }
 
-// repairBenchSeed bulk-loads total documents: total*0.9 canonical ones and
+// benchSeed bulk-loads total documents: total*0.9 canonical ones and
 // the rest as duplicates of the first keys. It returns the number of keys
 // with a duplicate.
-func repairBenchSeed(b *testing.B, ri *repairIndex, total int) int {
+func benchSeed(b *testing.B, ri *testIndex, total int) int {
 	b.Helper()
 	ctx := context.Background()
 	dups := total / 10
@@ -86,7 +86,7 @@ func repairBenchSeed(b *testing.B, ri *repairIndex, total int) int {
 		if buf.Len() == 0 {
 			return
 		}
-		items, err := repairBulk(ctx, ri.es, buf.Bytes())
+		items, err := bulk(ctx, ri.es, buf.Bytes())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -118,15 +118,15 @@ func repairBenchSeed(b *testing.B, ri *repairIndex, total int) int {
 	return dups
 }
 
-// repairResetPeakRSS resets VmHWM (Linux: writing 5 to clear_refs).
-func repairResetPeakRSS(b *testing.B) {
+// resetPeakRSS resets VmHWM (Linux: writing 5 to clear_refs).
+func resetPeakRSS(b *testing.B) {
 	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
 		b.Logf("cannot reset peak RSS (%v); it includes seeding", err)
 	}
 }
 
-// repairPeakRSS reads VmHWM in bytes.
-func repairPeakRSS(b *testing.B) int64 {
+// peakRSS reads VmHWM in bytes.
+func peakRSS(b *testing.B) int64 {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
 		b.Logf("no /proc/self/status: %v", err)

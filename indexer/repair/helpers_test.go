@@ -19,24 +19,24 @@ import (
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
-// repairIndex is a test index family made with raw API calls, following
+// testIndex is a test index family made with raw API calls, following
 // the conventions without depending on Bootstrap: concrete N-000001 (the
 // write index), optionally an older N-000000 behind the same write alias
 // N, and the filtered read alias N-read.
-type repairIndex struct {
+type testIndex struct {
 	es    *elasticsearch.Client
 	name  string
 	write string
 	old   string // "" unless two indices were asked for
 }
 
-func setupRepairIndex(t testing.TB, twoIndices bool) *repairIndex {
+func setupIndex(t testing.TB, twoIndices bool) *testIndex {
 	t.Helper()
 	es, err := indexer.NewClient(indexer.ClientConfig{Addresses: []string{schematest.ElasticsearchURL(t)}, Timeout: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ri := &repairIndex{es: es, name: schematest.Name("repair-"), write: ""}
+	ri := &testIndex{es: es, name: schematest.Name("repair-"), write: ""}
 	ri.write = ri.name + "-000001"
 	mapping := `{"settings":{"number_of_shards":1,"number_of_replicas":0},"mappings":{"properties":{
 		"outboxd_deleted":{"type":"boolean"},"outboxd_deleted_at":{"type":"date"},
@@ -64,7 +64,7 @@ func setupRepairIndex(t testing.TB, twoIndices bool) *repairIndex {
 }
 
 // raw sends a request and fails the test on a non-2xx answer.
-func (ri *repairIndex) raw(t testing.TB, method, path, body string) []byte {
+func (ri *testIndex) raw(t testing.TB, method, path, body string) []byte {
 	t.Helper()
 	b, status := ri.rawStatus(t, method, path, body)
 	if status >= 300 {
@@ -73,13 +73,13 @@ func (ri *repairIndex) raw(t testing.TB, method, path, body string) []byte {
 	return b
 }
 
-func (ri *repairIndex) rawStatus(t testing.TB, method, path, body string) ([]byte, int) {
+func (ri *testIndex) rawStatus(t testing.TB, method, path, body string) ([]byte, int) {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := newRepairHTTPRequest(method, path, rd)
+	req, err := newHTTPRequest(method, path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func (ri *repairIndex) rawStatus(t testing.TB, method, path, body string) ([]byt
 
 // put indexes one document; version 0 means internal versioning (a
 // legacy writer), otherwise external_gte like the sink.
-func (ri *repairIndex) put(t testing.TB, index, id string, version int64, body string) {
+func (ri *testIndex) put(t testing.TB, index, id string, version int64, body string) {
 	t.Helper()
 	path := "/" + index + "/_doc/" + id
 	if version > 0 {
@@ -103,23 +103,23 @@ func (ri *repairIndex) put(t testing.TB, index, id string, version int64, body s
 	ri.raw(t, "PUT", path, body)
 }
 
-func (ri *repairIndex) refresh(t testing.TB) {
+func (ri *testIndex) refresh(t testing.TB) {
 	t.Helper()
 	ri.raw(t, "POST", "/"+ri.name+"-0*/_refresh", "")
 }
 
-// repairSnapDoc is a document as the tests compare it.
-type repairSnapDoc struct {
+// snapDoc is a document as the tests compare it.
+type snapDoc struct {
 	Version int64
 	SeqNo   int64
 	Source  string
 }
 
 // snapshot reads every document of the family, whole sources included.
-func (ri *repairIndex) snapshot(t testing.TB) map[string]repairSnapDoc {
+func (ri *testIndex) snapshot(t testing.TB) map[string]snapDoc {
 	t.Helper()
 	ri.refresh(t)
-	out := map[string]repairSnapDoc{}
+	out := map[string]snapDoc{}
 	indices := []string{ri.write}
 	if ri.old != "" {
 		indices = append(indices, ri.old)
@@ -129,7 +129,7 @@ func (ri *repairIndex) snapshot(t testing.TB) map[string]repairSnapDoc {
 		if err := json.Compact(&buf, h.Source); err != nil {
 			return err
 		}
-		out[h.Index+"/"+h.ID] = repairSnapDoc{Version: h.Version, SeqNo: h.SeqNo, Source: buf.String()}
+		out[h.Index+"/"+h.ID] = snapDoc{Version: h.Version, SeqNo: h.SeqNo, Source: buf.String()}
 		return nil
 	})
 	if err != nil {
@@ -139,7 +139,7 @@ func (ri *repairIndex) snapshot(t testing.TB) map[string]repairSnapDoc {
 }
 
 // visible returns the _ids a searcher sees through the read alias.
-func (ri *repairIndex) visible(t testing.TB) []string {
+func (ri *testIndex) visible(t testing.TB) []string {
 	t.Helper()
 	ri.refresh(t)
 	b := ri.raw(t, "POST", "/"+ri.name+"-read/_search", `{"size":1000}`)
@@ -166,7 +166,7 @@ func tombstoneBody() string {
 	return `{"outboxd_deleted":true,"outboxd_deleted_at":"2024-05-01T00:00:00Z"}`
 }
 
-func newRepairHTTPRequest(method, path string, body io.Reader) (*http.Request, error) {
+func newHTTPRequest(method, path string, body io.Reader) (*http.Request, error) {
 	req, err := http.NewRequest(method, path, body)
 	if err != nil {
 		return nil, err

@@ -10,11 +10,11 @@ import (
 	"time"
 )
 
-// RepairDoc is what repair remembers about one scanned document: its
+// Doc is what repair remembers about one scanned document: its
 // coordinates and the few values it ranks by, never its source, so a plan
 // over millions of documents stays small. Sources are re-fetched by id for
 // the backup and the apply step.
-type RepairDoc struct {
+type Doc struct {
 	Index       string `json:"index"`
 	ID          string `json:"id"`
 	ESVersion   int64  `json:"es_version"` // _version
@@ -31,11 +31,11 @@ type RepairDoc struct {
 	Tombstone bool   `json:"tombstone,omitempty"`
 }
 
-// repairKeyOf extracts the grouping key and the ranking values from a hit
+// keyOf extracts the grouping key and the ranking values from a hit
 // whose source was limited to the fields repair asked for. ok is false
 // when the key is missing: such documents cannot be grouped and are left
 // alone (counted as ungroupable).
-func repairKeyOf(h ScanHit, key []string, versionField, updatedField string) (k string, d RepairDoc, ok bool, err error) {
+func keyOf(h ScanHit, key []string, versionField, updatedField string) (k string, d Doc, ok bool, err error) {
 	var src map[string]any
 	if len(h.Source) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(h.Source))
@@ -44,23 +44,23 @@ func repairKeyOf(h ScanHit, key []string, versionField, updatedField string) (k 
 			return "", d, false, fmt.Errorf("document %s/%s: _source: %w", h.Index, h.ID, err)
 		}
 	}
-	d = RepairDoc{Index: h.Index, ID: h.ID, ESVersion: h.Version, SeqNo: h.SeqNo, PrimaryTerm: h.PrimaryTerm, Version: h.Version}
-	if b, _ := repairField(src, "outboxd_deleted").(bool); b {
+	d = Doc{Index: h.Index, ID: h.ID, ESVersion: h.Version, SeqNo: h.SeqNo, PrimaryTerm: h.PrimaryTerm, Version: h.Version}
+	if b, _ := fieldAt(src, "outboxd_deleted").(bool); b {
 		d.Tombstone = true
 	}
 	d.SourceID = h.ID
-	if s := repairScalar(repairField(src, "source_id")); s != "" {
+	if s := scalar(fieldAt(src, "source_id")); s != "" {
 		d.SourceID = s
 	}
 	if versionField != "" {
-		if n, isNum := repairField(src, versionField).(json.Number); isNum {
+		if n, isNum := fieldAt(src, versionField).(json.Number); isNum {
 			if v, err := n.Int64(); err == nil {
 				d.Version = v
 			}
 		}
 	}
 	if updatedField != "" {
-		d.Updated = repairScalar(repairField(src, updatedField))
+		d.Updated = scalar(fieldAt(src, updatedField))
 	}
 	parts := make([]string, len(key))
 	for i, f := range key {
@@ -68,7 +68,7 @@ func repairKeyOf(h ScanHit, key []string, versionField, updatedField string) (k 
 		if f == "source_id" {
 			v = d.SourceID // documents written by outboxd have _id = source_id and may lack the field
 		} else {
-			v = repairScalar(repairField(src, f))
+			v = scalar(fieldAt(src, f))
 		}
 		if v == "" {
 			return "", d, false, nil
@@ -82,9 +82,9 @@ func repairKeyOf(h ScanHit, key []string, versionField, updatedField string) (k 
 	return string(b), d, true, nil
 }
 
-// repairField walks a dotted path, accepting both nested objects and
+// fieldAt walks a dotted path, accepting both nested objects and
 // literal dotted keys.
-func repairField(src map[string]any, path string) any {
+func fieldAt(src map[string]any, path string) any {
 	if src == nil {
 		return nil
 	}
@@ -96,10 +96,10 @@ func repairField(src map[string]any, path string) any {
 		return nil
 	}
 	m, _ := src[head].(map[string]any)
-	return repairField(m, rest)
+	return fieldAt(m, rest)
 }
 
-func repairScalar(v any) string {
+func scalar(v any) string {
 	switch x := v.(type) {
 	case string:
 		return x
@@ -111,8 +111,8 @@ func repairScalar(v any) string {
 	return ""
 }
 
-// repairSourceFields is the _source filter for the scan.
-func repairSourceFields(key []string, versionField, updatedField string) []string {
+// sourceFields is the _source filter for the scan.
+func sourceFields(key []string, versionField, updatedField string) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, f := range append([]string{"source_id", "outboxd_deleted", versionField, updatedField}, key...) {
@@ -124,9 +124,9 @@ func repairSourceFields(key []string, versionField, updatedField string) []strin
 	return out
 }
 
-// ParseRepairKey parses --key: source_id, canonical_url, or a
+// ParseKey parses --key: source_id, canonical_url, or a
 // comma-separated list of fields forming a business key.
-func ParseRepairKey(s string) ([]string, error) {
+func ParseKey(s string) ([]string, error) {
 	if strings.TrimSpace(s) == "" {
 		return []string{"source_id"}, nil
 	}
@@ -144,10 +144,10 @@ func ParseRepairKey(s string) ([]string, error) {
 	return out, nil
 }
 
-// repairUpdatedLess compares updated-at values: as RFC 3339 times when
+// updatedLess compares updated-at values: as RFC 3339 times when
 // both parse, as integers (epoch) when both are, else as strings. An empty
 // value is older than any value.
-func repairUpdatedLess(a, b string) bool {
+func updatedLess(a, b string) bool {
 	if a == "" || b == "" {
 		return a == "" && b != ""
 	}
@@ -164,7 +164,7 @@ func repairUpdatedLess(a, b string) bool {
 	return a < b
 }
 
-// repairRank orders the documents of one group best first and says why
+// rank orders the documents of one group best first and says why
 // the first one is best. The rules, in order:
 //
 //  1. higher Version;
@@ -174,15 +174,15 @@ func repairUpdatedLess(a, b string) bool {
 //  5. smaller index name, then smaller _id (only so the choice is
 //     deterministic).
 //
-// Tombstones and live documents are ranked separately by chooseRepairKeeper.
-func repairRank(docs []RepairDoc, writeIndex, updatedField string) string {
+// Tombstones and live documents are ranked separately by chooseKeeper.
+func rank(docs []Doc, writeIndex, updatedField string) string {
 	sort.SliceStable(docs, func(i, j int) bool {
 		a, b := docs[i], docs[j]
 		if a.Version != b.Version {
 			return a.Version > b.Version
 		}
 		if a.Updated != b.Updated {
-			return repairUpdatedLess(b.Updated, a.Updated)
+			return updatedLess(b.Updated, a.Updated)
 		}
 		if ac, bc := a.ID == a.SourceID, b.ID == b.SourceID; ac != bc {
 			return ac
@@ -213,7 +213,7 @@ func repairRank(docs []RepairDoc, writeIndex, updatedField string) string {
 	}
 }
 
-// chooseRepairKeeper picks the keeper of a group: it returns the keeper,
+// chooseKeeper picks the keeper of a group: it returns the keeper,
 // the others, whether the outcome is "stays deleted", and the reason.
 //
 // Live documents are ranked among themselves, tombstones among
@@ -226,8 +226,8 @@ func repairRank(docs []RepairDoc, writeIndex, updatedField string) string {
 // and the key stays deleted. A tie goes to the tombstone for the same
 // reason; the backup can undo a wrong delete, while a resurrection is
 // served to searchers at once.
-func chooseRepairKeeper(docs []RepairDoc, writeIndex, updatedField string) (keeper RepairDoc, others []RepairDoc, deleted bool, reason string) {
-	var live, dead []RepairDoc
+func chooseKeeper(docs []Doc, writeIndex, updatedField string) (keeper Doc, others []Doc, deleted bool, reason string) {
+	var live, dead []Doc
 	for _, d := range docs {
 		if d.Tombstone {
 			dead = append(dead, d)
@@ -235,8 +235,8 @@ func chooseRepairKeeper(docs []RepairDoc, writeIndex, updatedField string) (keep
 			live = append(live, d)
 		}
 	}
-	liveWhy := repairRank(live, writeIndex, updatedField)
-	deadWhy := repairRank(dead, writeIndex, updatedField)
+	liveWhy := rank(live, writeIndex, updatedField)
+	deadWhy := rank(dead, writeIndex, updatedField)
 	switch {
 	case len(live) == 0:
 		keeper, others = dead[0], dead[1:]

@@ -156,7 +156,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	if err != nil {
 		return nil, fmt.Errorf("indexer: reconcile: %w", err)
 	}
-	indices, writeIndex, err := repairResolve(ctx, opts.ES, opts.Index)
+	indices, writeIndex, err := resolve(ctx, opts.ES, opts.Index)
 	if err != nil {
 		return nil, err
 	}
@@ -169,9 +169,9 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		opts.Progress.SetTotal(n)
 	}
 	states := map[string]reconState{}
-	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: repairSourceFields(nil, "version", ""), Progress: opts.Progress, Refresh: true}, func(h ScanHit) error {
+	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: sourceFields(nil, "version", ""), Progress: opts.Progress, Refresh: true}, func(h ScanHit) error {
 		rep.IndexDocs++
-		sid, d, _, err := repairKeyOf(h, []string{"source_id"}, "version", "")
+		sid, d, _, err := keyOf(h, []string{"source_id"}, "version", "")
 		if err != nil {
 			return err
 		}

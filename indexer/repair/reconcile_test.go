@@ -24,7 +24,7 @@ import (
 //	dup    source v2, index v2 plus a random copy  duplicate (needs repair)
 //	buried source v3, tombstone at v4              missing: upsert at 4
 //	ahead  source v1, index v2                     ahead (reported only)
-func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *repairIndex) string {
+func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *testIndex) string {
 	t.Helper()
 	ctx := context.Background()
 	table := `"` + schemaName + `".articles`
@@ -59,9 +59,9 @@ func TestReconcile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	setup := func(t *testing.T) (*pgxpool.Pool, string, *repairIndex, string) {
+	setup := func(t *testing.T) (*pgxpool.Pool, string, *testIndex, string) {
 		pool, schemaName := schematest.Setup(t)
-		ri := setupRepairIndex(t, false)
+		ri := setupIndex(t, false)
 		return pool, schemaName, ri, seedReconcile(t, pool, schemaName, ri)
 	}
 	wantCounts := map[string]int64{DriftMissing: 2, DriftStale: 1, DriftExtra: 1, DriftResurrected: 1, DriftDuplicate: 1, DriftAhead: 1}

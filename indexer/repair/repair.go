@@ -11,15 +11,15 @@ import (
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 )
 
-// RepairOptions says what PlanRepair scans and how it groups.
-type RepairOptions struct {
+// Options says what PlanDuplicates scans and how it groups.
+type Options struct {
 	// Index is the write alias N (its concrete indices are all scanned) or
 	// a concrete index. A filtered alias (such as N-read) is refused: it
 	// hides tombstones and has no write index.
 	Index string
 	// Key is the grouping key: ["source_id"] (the default: the source_id
 	// field, else _id), ["canonical_url"], or several fields forming a
-	// business key. See ParseRepairKey.
+	// business key. See ParseKey.
 	Key []string
 	// VersionField is the source field holding the business version;
 	// "" means "version". Documents without it rank by _version.
@@ -32,11 +32,11 @@ type RepairOptions struct {
 	Progress *Progress
 }
 
-// RepairGroup is one key's planned repair.
-type RepairGroup struct {
-	Key    string      `json:"key"`
-	Keeper RepairDoc   `json:"keeper"`
-	Remove []RepairDoc `json:"remove,omitempty"` // deleted conditionally on _seq_no/_primary_term
+// Group is one key's planned repair.
+type Group struct {
+	Key    string `json:"key"`
+	Keeper Doc    `json:"keeper"`
+	Remove []Doc  `json:"remove,omitempty"` // deleted conditionally on _seq_no/_primary_term
 	// Deleted: the keeper is a tombstone; the key stays deleted.
 	Deleted bool `json:"deleted,omitempty"`
 	// Rewrite: the keeper is written to (write index, TargetID) at its
@@ -45,30 +45,30 @@ type RepairGroup struct {
 	TargetID string `json:"target_id"`
 	// Overwrites is the group's document at the target that the rewrite
 	// replaces (backed up, not deleted); nil when the rewrite creates it.
-	Overwrites *RepairDoc `json:"overwrites,omitempty"`
-	Reason     string     `json:"reason"`
+	Overwrites *Doc   `json:"overwrites,omitempty"`
+	Reason     string `json:"reason"`
 	// Conflict, when set, is why the group is left alone (e.g. its target
 	// _id holds a document of another key).
 	Conflict string `json:"conflict,omitempty"`
 }
 
-// RepairPlan is the outcome of a scan: what Apply would do. Only groups
+// Plan is the outcome of a scan: what Apply would do. Only groups
 // that need work are kept.
-type RepairPlan struct {
-	Index        string        `json:"index"`
-	WriteAlias   string        `json:"write_alias"`
-	WriteIndex   string        `json:"write_index"`
-	Indices      []string      `json:"indices"`
-	Key          []string      `json:"key"`
-	UpdatedField string        `json:"updated_field"`
-	Scanned      int64         `json:"scanned"`
-	Keys         int64         `json:"keys"`
-	Ungroupable  int64         `json:"ungroupable"` // documents missing the key: left alone
-	Groups       []RepairGroup `json:"groups"`
+type Plan struct {
+	Index        string   `json:"index"`
+	WriteAlias   string   `json:"write_alias"`
+	WriteIndex   string   `json:"write_index"`
+	Indices      []string `json:"indices"`
+	Key          []string `json:"key"`
+	UpdatedField string   `json:"updated_field"`
+	Scanned      int64    `json:"scanned"`
+	Keys         int64    `json:"keys"`
+	Ungroupable  int64    `json:"ungroupable"` // documents missing the key: left alone
+	Groups       []Group  `json:"groups"`
 }
 
-// RepairSummary counts a plan.
-type RepairSummary struct {
+// Summary counts a plan.
+type Summary struct {
 	Scanned     int64 `json:"scanned"`
 	Keys        int64 `json:"keys"`
 	Ungroupable int64 `json:"ungroupable"`
@@ -82,8 +82,8 @@ type RepairSummary struct {
 }
 
 // Summary counts the plan.
-func (p *RepairPlan) Summary() RepairSummary {
-	s := RepairSummary{Scanned: p.Scanned, Keys: p.Keys, Ungroupable: p.Ungroupable, Groups: len(p.Groups)}
+func (p *Plan) Summary() Summary {
+	s := Summary{Scanned: p.Scanned, Keys: p.Keys, Ungroupable: p.Ungroupable, Groups: len(p.Groups)}
 	for _, g := range p.Groups {
 		if g.Conflict != "" {
 			s.Conflicts++
@@ -112,8 +112,8 @@ func (p *RepairPlan) Summary() RepairSummary {
 
 // WriteText prints the plan for an operator: one block per group with the
 // keeper and why it won, then the summary.
-func (p *RepairPlan) WriteText(w io.Writer) error {
-	bw := &repairErrWriter{w: w}
+func (p *Plan) WriteText(w io.Writer) error {
+	bw := &errWriter{w: w}
 	for _, g := range p.Groups {
 		fmt.Fprintf(bw, "group %q\n", g.Key)
 		if g.Conflict != "" {
@@ -145,12 +145,12 @@ func (p *RepairPlan) WriteText(w io.Writer) error {
 	return bw.err
 }
 
-type repairErrWriter struct {
+type errWriter struct {
 	w   io.Writer
 	err error
 }
 
-func (e *repairErrWriter) Write(b []byte) (int, error) {
+func (e *errWriter) Write(b []byte) (int, error) {
 	if e.err != nil {
 		return 0, e.err
 	}
@@ -159,10 +159,10 @@ func (e *repairErrWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// PlanRepair scans every concrete index behind opts.Index and plans the
+// PlanDuplicates scans every concrete index behind opts.Index and plans the
 // repair. It changes nothing.
 //
-// Memory: per document only a RepairDoc (coordinates, version, updated-at)
+// Memory: per document only a Doc (coordinates, version, updated-at)
 // is kept while grouping; groups that need no work are dropped when the
 // scan ends. Sources are never held.
 //
@@ -170,7 +170,7 @@ func (e *repairErrWriter) Write(b []byte) (int, error) {
 // only document is not at _id = source_id in the write index (a legacy
 // random _id, or a copy left in an older index): a later outbox event
 // would otherwise create a second copy beside it.
-func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOptions) (*RepairPlan, error) {
+func PlanDuplicates(ctx context.Context, es *elasticsearch.Client, opts Options) (*Plan, error) {
 	if opts.Index == "" {
 		return nil, fmt.Errorf("indexer: repair: index: must not be empty")
 	}
@@ -183,25 +183,25 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 	if opts.UpdatedField == "" {
 		opts.UpdatedField = "updated_at"
 	}
-	indices, writeIndex, err := repairResolve(ctx, es, opts.Index)
+	indices, writeIndex, err := resolve(ctx, es, opts.Index)
 	if err != nil {
 		return nil, err
 	}
-	plan := &RepairPlan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField}
+	plan := &Plan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField}
 	if n, err := scanCount(ctx, es, indices); err == nil {
 		opts.Progress.SetTotal(n)
 	}
 
-	groups := newRepairGrouper()
+	groups := newGrouper()
 	err = Scan(ctx, es, ScanOptions{
 		Indices:        indices,
-		SourceIncludes: repairSourceFields(opts.Key, opts.VersionField, opts.UpdatedField),
+		SourceIncludes: sourceFields(opts.Key, opts.VersionField, opts.UpdatedField),
 		PageSize:       opts.PageSize,
 		Progress:       opts.Progress,
 		Refresh:        true,
 	}, func(h ScanHit) error {
 		plan.Scanned++
-		k, d, ok, err := repairKeyOf(h, opts.Key, opts.VersionField, opts.UpdatedField)
+		k, d, ok, err := keyOf(h, opts.Key, opts.VersionField, opts.UpdatedField)
 		if err != nil {
 			return err
 		}
@@ -218,8 +218,8 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 	plan.Keys = int64(len(groups.slots))
 
 	targets := map[string]int{} // target _id -> group index, for conflict checks
-	groups.each(writeIndex, func(k string, docs []RepairDoc) {
-		g, needed := repairPlanGroup(k, docs, writeIndex, opts.UpdatedField)
+	groups.each(writeIndex, func(k string, docs []Doc) {
+		g, needed := planGroup(k, docs, writeIndex, opts.UpdatedField)
 		if !needed {
 			return
 		}
@@ -252,11 +252,11 @@ func PlanRepair(ctx context.Context, es *elasticsearch.Client, opts RepairOption
 	return plan, nil
 }
 
-// repairPlanGroup decides one group; needed is false when it is already
+// planGroup decides one group; needed is false when it is already
 // one document at its canonical place.
-func repairPlanGroup(key string, docs []RepairDoc, writeIndex, updatedField string) (RepairGroup, bool) {
-	keeper, others, deleted, reason := chooseRepairKeeper(docs, writeIndex, updatedField)
-	g := RepairGroup{Key: key, Keeper: keeper, Deleted: deleted, Reason: reason, TargetID: keeper.SourceID}
+func planGroup(key string, docs []Doc, writeIndex, updatedField string) (Group, bool) {
+	keeper, others, deleted, reason := chooseKeeper(docs, writeIndex, updatedField)
+	g := Group{Key: key, Keeper: keeper, Deleted: deleted, Reason: reason, TargetID: keeper.SourceID}
 	inPlace := keeper.Index == writeIndex && keeper.ID == keeper.SourceID
 	if !inPlace {
 		g.Rewrite = true
@@ -286,9 +286,9 @@ func repairPlanGroup(key string, docs []RepairDoc, writeIndex, updatedField stri
 	return g, true
 }
 
-// repairResolve returns the concrete indices behind name and the write
+// resolve returns the concrete indices behind name and the write
 // index. A concrete index is its own write index.
-func repairResolve(ctx context.Context, es *elasticsearch.Client, name string) ([]string, string, error) {
+func resolve(ctx context.Context, es *elasticsearch.Client, name string) ([]string, string, error) {
 	var aliases map[string]struct {
 		Aliases map[string]struct {
 			IsWriteIndex *bool          `json:"is_write_index"`

@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// seedRepair writes the issue's cases into a two-index family:
+// seedDuplicates writes the issue's cases into a two-index family:
 //
 //	s1  the same source_id under random _ids, versions 1, 3 and 2 (legacy)
 //	s2  a live duplicate whose newer copy (at _id s2) is a tombstone
@@ -19,7 +19,7 @@ import (
 //	s4  a duplicate that the test modifies between Plan and Apply
 //	s5  one document in place: nothing to do
 //	s6  a version tie broken by updated_at
-func seedRepair(t *testing.T, ri *repairIndex) {
+func seedDuplicates(t *testing.T, ri *testIndex) {
 	t.Helper()
 	w, o := ri.write, ri.old
 	ri.put(t, w, "r1a", 0, `{"source_id":"s1","version":1,"title":"v1"}`)
@@ -46,11 +46,11 @@ func TestRepair(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	setup := func(t *testing.T) (*repairIndex, map[string]repairSnapDoc, *RepairPlan) {
-		ri := setupRepairIndex(t, true)
-		seedRepair(t, ri)
+	setup := func(t *testing.T) (*testIndex, map[string]snapDoc, *Plan) {
+		ri := setupIndex(t, true)
+		seedDuplicates(t, ri)
 		before := ri.snapshot(t)
-		plan, err := PlanRepair(ctx, ri.es, RepairOptions{Index: ri.name, PageSize: 3})
+		plan, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name, PageSize: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,7 +144,7 @@ func TestRepair(t *testing.T) {
 			t.Errorf("the deleted key is visible: %v", vis)
 		}
 
-		lines := repairReadLines(t, filepath.Join(dir, "audit.jsonl"))
+		lines := readLines(t, filepath.Join(dir, "audit.jsonl"))
 		actions := map[string]int{}
 		for _, l := range lines {
 			var e AuditEntry
@@ -160,7 +160,7 @@ func TestRepair(t *testing.T) {
 			t.Errorf("audit actions %v", actions)
 		}
 
-		rres, err := RestoreRepair(ctx, ri.es, backup, RestoreOptions{Batch: 3})
+		rres, err := Restore(ctx, ri.es, backup, RestoreOptions{Batch: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,8 +169,8 @@ func TestRepair(t *testing.T) {
 			t.Fatalf("restore %+v", rres)
 		}
 		restored := ri.snapshot(t)
-		if !reflect.DeepEqual(repairSources(restored), repairSources(modified)) {
-			t.Fatalf("restore did not bring back the original set:\n got %v\nwant %v", repairSources(restored), repairSources(modified))
+		if !reflect.DeepEqual(sourcesOf(restored), sourcesOf(modified)) {
+			t.Fatalf("restore did not bring back the original set:\n got %v\nwant %v", sourcesOf(restored), sourcesOf(modified))
 		}
 		// Versions come back exactly where Elasticsearch allows it, and are
 		// never lower than they were.
@@ -195,14 +195,14 @@ func TestRepair(t *testing.T) {
 
 	t.Run("canonical_url twins keep the newest and leave documents without a url alone", func(t *testing.T) {
 		t.Parallel()
-		ri := setupRepairIndex(t, false)
+		ri := setupIndex(t, false)
 		w := ri.write
 		ri.put(t, w, "u1", 1, `{"canonical_url":"https://x/a","title":"first"}`)
 		ri.put(t, w, "u2", 2, `{"canonical_url":"https://x/a","title":"second"}`)
 		ri.put(t, w, "u3", 1, `{"canonical_url":"https://x/b"}`)
 		ri.put(t, w, "u4", 1, `{"title":"no url"}`)
 		ri.refresh(t)
-		plan, err := PlanRepair(ctx, ri.es, RepairOptions{Index: ri.name, Key: []string{"canonical_url"}})
+		plan, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name, Key: []string{"canonical_url"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,15 +220,15 @@ func TestRepair(t *testing.T) {
 
 	t.Run("a filtered alias is refused", func(t *testing.T) {
 		t.Parallel()
-		ri := setupRepairIndex(t, false)
-		_, err := PlanRepair(ctx, ri.es, RepairOptions{Index: ri.name + "-read"})
+		ri := setupIndex(t, false)
+		_, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name + "-read"})
 		if err == nil || !strings.Contains(err.Error(), "filtered alias") {
 			t.Fatalf("err %v", err)
 		}
 	})
 }
 
-func repairSources(s map[string]repairSnapDoc) map[string]string {
+func sourcesOf(s map[string]snapDoc) map[string]string {
 	out := map[string]string{}
 	for k, d := range s {
 		out[k] = d.Source
@@ -236,7 +236,7 @@ func repairSources(s map[string]repairSnapDoc) map[string]string {
 	return out
 }
 
-func repairReadLines(t *testing.T, path string) []string {
+func readLines(t *testing.T, path string) []string {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {

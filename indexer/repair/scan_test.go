@@ -12,7 +12,7 @@ func TestScan(t *testing.T) {
 
 	t.Run("every document of both indices is seen once across pages, with its coordinates", func(t *testing.T) {
 		t.Parallel()
-		ri := setupRepairIndex(t, true)
+		ri := setupIndex(t, true)
 		for i := 0; i < 23; i++ {
 			idx := ri.write
 			if i%3 == 0 {
@@ -44,7 +44,7 @@ func TestScan(t *testing.T) {
 
 	t.Run("writes made during the scan are not seen", func(t *testing.T) {
 		t.Parallel()
-		ri := setupRepairIndex(t, false)
+		ri := setupIndex(t, false)
 		for i := 0; i < 6; i++ {
 			ri.put(t, ri.write, fmt.Sprintf("d%d", i), 1, `{}`)
 		}
@@ -65,7 +65,7 @@ func TestScan(t *testing.T) {
 
 	t.Run("a missing index is a clear error", func(t *testing.T) {
 		t.Parallel()
-		ri := setupRepairIndex(t, false)
+		ri := setupIndex(t, false)
 		err := Scan(ctx, ri.es, ScanOptions{Indices: []string{ri.name + "-nope"}}, func(ScanHit) error { return nil })
 		if err == nil || !scanIsStatus(err, 404) {
 			t.Fatalf("err %v, want a 404", err)
