@@ -3,6 +3,7 @@ package indexer
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,22 +109,35 @@ func oneLine(doc []byte) []byte {
 type bulkResponse struct {
 	Errors bool `json:"errors"`
 	Items  []struct {
-		Index bulkItem `json:"index"`
+		Index BulkItem `json:"index"`
 	} `json:"items"`
 }
 
-type bulkItem struct {
-	Status int      `json:"status"`
-	Error  *esError `json:"error"`
+// BulkItem is one item of a _bulk answer, for the sink and for the
+// operator tools in indexer/repair alike.
+type BulkItem struct {
+	Status  int      `json:"status"`
+	Version int64    `json:"_version"`
+	Error   *ESError `json:"error"`
 }
 
-type esError struct {
+// Reason is the item's error as "type: reason", or its status when the
+// answer carries no error.
+func (it *BulkItem) Reason() string {
+	if it.Error == nil {
+		return fmt.Sprintf("status %d", it.Status)
+	}
+	return it.Error.Type + ": " + it.Error.Reason
+}
+
+// ESError is Elasticsearch's error object.
+type ESError struct {
 	Type     string   `json:"type"`
 	Reason   string   `json:"reason"`
-	CausedBy *esError `json:"caused_by"`
+	CausedBy *ESError `json:"caused_by"`
 }
 
-func (e *esError) String() string {
+func (e *ESError) String() string {
 	if e == nil {
 		return ""
 	}
@@ -155,7 +169,7 @@ const (
 	classRejected
 )
 
-func classify(it *bulkItem) (itemClass, string) {
+func classify(it *BulkItem) (itemClass, string) {
 	switch {
 	case it.Status >= 200 && it.Status < 300:
 		return classApplied, ""
@@ -170,11 +184,11 @@ func classify(it *bulkItem) (itemClass, string) {
 	return classRejected, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
 }
 
-// conflictVersions reads the two versions out of a strict-external version
-// conflict reason: "[id]: version conflict, current version [5] is higher
+// ConflictVersions reads the two versions out of a version conflict
+// reason (strict external or external_gte): "[id]: version conflict, current version [5] is higher
 // or equal to the one provided [5]". ok is false when the text has another
 // shape; the caller then asks Elasticsearch for the stored version.
-func conflictVersions(reason string) (current, provided int64, ok bool) {
+func ConflictVersions(reason string) (current, provided int64, ok bool) {
 	c, ok1 := bracketAfter(reason, "current version [")
 	p, ok2 := bracketAfter(reason, "provided [")
 	return c, p, ok1 && ok2

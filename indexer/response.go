@@ -27,7 +27,7 @@ func responseError(op string, status int, body []byte) *ResponseError {
 		Error json.RawMessage `json:"error"`
 	}
 	if json.Unmarshal(body, &r) == nil && len(r.Error) > 0 {
-		var e esError
+		var e ESError
 		if json.Unmarshal(r.Error, &e) == nil && e.Type != "" {
 			re.Type = e.Type
 			re.Reason = e.Reason

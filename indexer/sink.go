@@ -417,7 +417,7 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 		c, reason := classify(&r.Items[i].Index)
 		switch c {
 		case classConflict:
-			if cur, prov, ok := conflictVersions(reason); ok && cur > prov {
+			if cur, prov, ok := ConflictVersions(reason); ok && cur > prov {
 				w.out[p] = outbox.Outcome{Status: outbox.Stale}
 				continue
 			}

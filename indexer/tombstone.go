@@ -126,7 +126,7 @@ func deleteTombstones(ctx context.Context, es *elasticsearch.Client, hits []tomb
 	}
 	var r struct {
 		Items []struct {
-			Delete bulkItem `json:"delete"`
+			Delete BulkItem `json:"delete"`
 		} `json:"items"`
 	}
 	if err := json.Unmarshal(raw, &r); err != nil {

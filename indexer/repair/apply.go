@@ -152,9 +152,9 @@ func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups 
 			i := writing[j]
 			g := groups[i]
 			if it.Status >= 300 {
-				reason := "rewrite refused: " + it.reason()
+				reason := "rewrite refused: " + it.Reason()
 				if it.Status == 409 {
-					reason = "rewrite refused: the target holds a newer version (" + it.reason() + ")"
+					reason = "rewrite refused: the target holds a newer version (" + it.Reason() + ")"
 				}
 				skipGroup(i, Doc{Index: p.WriteIndex, ID: g.TargetID}, reason)
 				continue
@@ -191,9 +191,9 @@ func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups 
 		for j, it := range items {
 			x := dels[j]
 			if it.Status >= 300 {
-				reason := "delete refused: " + it.reason()
+				reason := "delete refused: " + it.Reason()
 				if it.Status == 409 {
-					reason = "changed since the scan; kept (" + it.reason() + ")"
+					reason = "changed since the scan; kept (" + it.Reason() + ")"
 				}
 				skipGroup(x.group, x.doc, reason)
 				continue

@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
+
+	"github.com/outboxd/outboxd/indexer"
 )
 
 // Backup kinds. A repair backup is NDJSON: one header line, then one line
@@ -85,32 +85,15 @@ func mget(ctx context.Context, es *elasticsearch.Client, refs []docRef, source b
 	return out, nil
 }
 
-// bulkItem is one item of a bulk answer.
-type bulkItem struct {
-	Status  int   `json:"status"`
-	Version int64 `json:"_version"`
-	Error   *struct {
-		Type   string `json:"type"`
-		Reason string `json:"reason"`
-	} `json:"error"`
-}
-
-func (it bulkItem) reason() string {
-	if it.Error == nil {
-		return fmt.Sprintf("status %d", it.Status)
-	}
-	return it.Error.Type + ": " + it.Error.Reason
-}
-
 // bulk sends an NDJSON bulk body and returns the items in order.
-func bulk(ctx context.Context, es *elasticsearch.Client, body []byte) ([]bulkItem, error) {
+func bulk(ctx context.Context, es *elasticsearch.Client, body []byte) ([]indexer.BulkItem, error) {
 	var res struct {
-		Items []map[string]bulkItem `json:"items"`
+		Items []map[string]indexer.BulkItem `json:"items"`
 	}
 	if err := scanDo(ctx, es, "bulk", esapi.BulkRequest{Body: bytes.NewReader(body)}, &res); err != nil {
 		return nil, err
 	}
-	out := make([]bulkItem, len(res.Items))
+	out := make([]indexer.BulkItem, len(res.Items))
 	for i, m := range res.Items {
 		for _, it := range m {
 			out[i] = it
@@ -227,8 +210,6 @@ type RestoreResult struct {
 	Skipped []Skip `json:"skipped,omitempty"`
 }
 
-var currentVersionRE = regexp.MustCompile(`current version \[(\d+)\]`)
-
 // Restore puts back what a repair backup holds: every backed-up
 // document under its index and _id with its source, at its backed-up
 // _version (version_type=external_gte) when Elasticsearch allows it; and
@@ -330,7 +311,7 @@ func restoreBatch(ctx context.Context, es *elasticsearch.Client, entries []Backu
 				if it.Status < 300 {
 					res.Removed++
 				} else {
-					res.Skipped = append(res.Skipped, Skip{Index: refs[i].index, ID: refs[i].id, Reason: "remove created document: " + it.reason()})
+					res.Skipped = append(res.Skipped, Skip{Index: refs[i].index, ID: refs[i].id, Reason: "remove created document: " + it.Reason()})
 				}
 			}
 		}
@@ -354,16 +335,15 @@ func restoreBatch(ctx context.Context, es *elasticsearch.Client, entries []Backu
 		case it.Status < 300:
 			res.Restored++
 		case it.Status == 409 && it.Error != nil:
-			m := currentVersionRE.FindStringSubmatch(it.Error.Reason)
-			if m == nil {
-				res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.reason()})
+			v, _, ok := indexer.ConflictVersions(it.Error.Reason)
+			if !ok {
+				res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.Reason()})
 				continue
 			}
-			v, _ := strconv.ParseInt(m[1], 10, 64)
 			bulkAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": v, "version_type": "external_gte"}, e.Source)
 			raised = append(raised, e)
 		default:
-			res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.reason()})
+			res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.Reason()})
 		}
 	}
 	opts.Progress.Add(int64(len(entries)))
@@ -378,7 +358,7 @@ func restoreBatch(ctx context.Context, es *elasticsearch.Client, entries []Backu
 		if it.Status < 300 {
 			res.Raised++
 		} else {
-			res.Skipped = append(res.Skipped, Skip{Index: raised[i].Index, ID: raised[i].ID, Reason: it.reason()})
+			res.Skipped = append(res.Skipped, Skip{Index: raised[i].Index, ID: raised[i].ID, Reason: it.Reason()})
 		}
 	}
 	return nil

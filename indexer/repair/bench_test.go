@@ -92,7 +92,7 @@ func benchSeed(b *testing.B, ri *testIndex, total int) int {
 		}
 		for _, it := range items {
 			if it.Status >= 300 {
-				b.Fatalf("seed: %s", it.reason())
+				b.Fatalf("seed: %s", it.Reason())
 			}
 		}
 		buf.Reset()
