@@ -15,12 +15,12 @@ import (
 
 // ReadFilter is the filter of every read alias N-read: tombstones are
 // documents too, and searchers must never see them.
-const ReadFilter = `{"bool":{"must_not":{"term":{"outboxd_deleted":true}}}}`
+const ReadFilter = `{"bool":{"must_not":{"term":{"` + TombstoneField + `":true}}}}`
 
 // outboxdFields are merged into every mapping, default or user supplied.
 var outboxdFields = map[string]any{
-	"outboxd_deleted":    map[string]any{"type": "boolean"},
-	"outboxd_deleted_at": map[string]any{"type": "date"},
+	TombstoneField:   map[string]any{"type": "boolean"},
+	TombstoneAtField: map[string]any{"type": "date"},
 }
 
 // FirstIndex and ReadAlias name what Bootstrap creates for the write alias name.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -27,19 +26,6 @@ func putBody(b *[]byte) {
 	bodyPool.Put(b)
 }
 
-// versionType of an index action. The first attempt of every upsert uses
-// strict "external": an equal version is then a 409 the sink can inspect,
-// so a replayed event is reported Stale instead of silently re-applied.
-// Only when the stored document at that same version differs from the
-// event's does the sink re-send with "external_gte", so the later write
-// still wins, as the outboxd convention (version >= stored) requires.
-type versionType uint8
-
-const (
-	external versionType = iota
-	externalGTE
-)
-
 // appendAction appends one bulk "index" action line; the caller appends
 // the source line.
 func appendAction(b []byte, index, id string, version int64, vt versionType) []byte {
@@ -59,7 +45,7 @@ func appendAction(b []byte, index, id string, version int64, vt versionType) []b
 
 // appendTombstone appends the source of a tombstone document.
 func appendTombstone(b []byte, deletedAt string) []byte {
-	b = append(b, `{"outboxd_deleted":true,"outboxd_deleted_at":"`...)
+	b = append(b, `{"`+TombstoneField+`":true,"`+TombstoneAtField+`":"`...)
 	b = append(b, deletedAt...)
 	return append(b, `"}`...)
 }
@@ -182,33 +168,6 @@ func classify(it *BulkItem) (itemClass, string) {
 		return classRetry, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
 	}
 	return classRejected, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
-}
-
-// ConflictVersions reads the two versions out of a version conflict
-// reason (strict external or external_gte): "[id]: version conflict, current version [5] is higher
-// or equal to the one provided [5]". ok is false when the text has another
-// shape; the caller then asks Elasticsearch for the stored version.
-func ConflictVersions(reason string) (current, provided int64, ok bool) {
-	c, ok1 := bracketAfter(reason, "current version [")
-	p, ok2 := bracketAfter(reason, "provided [")
-	return c, p, ok1 && ok2
-}
-
-func bracketAfter(s, marker string) (int64, bool) {
-	i := strings.Index(s, marker)
-	if i < 0 {
-		return 0, false
-	}
-	s = s[i+len(marker):]
-	j := 0
-	for j < len(s) && s[j] >= '0' && s[j] <= '9' {
-		j++
-	}
-	if j == 0 || j == len(s) || s[j] != ']' {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(s[:j], 10, 64)
-	return v, err == nil
 }
 
 // outcomeOf maps an event's final class to what the relay sees.

@@ -18,7 +18,8 @@
 // A document's _id is the event's source_id and its Elasticsearch version
 // the event's version (external versioning). An upsert indexes the event's
 // document as is; a delete at version V indexes the tombstone
-// {"outboxd_deleted":true,"outboxd_deleted_at":"<UTC time>"} at version V.
+// {"outboxd_deleted":true,"outboxd_deleted_at":"<UTC time>"} at version V
+// (TombstoneField, TombstoneAtField).
 // Elasticsearch keeps the version of a real delete only for
 // index.gc_deletes and only in memory; a tombstone is an ordinary document
 // and keeps its version forever, across restarts, so an older upsert can
@@ -32,6 +33,7 @@
 // reported Stale with nothing written; different content under the same
 // version is re-sent with external_gte, so the later write wins. Replays
 // thus cost one extra _mget per replayed batch and never rewrite anything.
+// gate.go holds the whole rule, top to bottom.
 //
 // # Outcomes
 //

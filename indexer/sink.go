@@ -106,10 +106,11 @@ type write struct {
 	deletedAt string
 
 	mu        sync.Mutex
-	reached   bool  // some request got an answer from Elasticsearch
-	unreached error // the last request that did not
-	refused   error // a whole request refused for the sink's own fault
-	equal     []int // strict-external conflicts at the event's own version
+	reached   bool   // some request got an answer from Elasticsearch
+	unreached error  // the last request that did not
+	refused   error  // a whole request refused for the sink's own fault
+	equal     []int  // strict-external conflicts at the event's own version (see gate.go)
+	resent    []bool // by position: re-sent with external_gte in this Write
 	missing   map[string]bool
 }
 
@@ -259,19 +260,6 @@ func dedupe(events []outbox.Event, pending []int) (winners []int, winnerOf func(
 	return winners, func(p int) int { return best[docKey{events[p].IndexName, events[p].SourceID}] }
 }
 
-// apply sends the winners and settles their outcomes, including the
-// equal-version conflicts (see versionType).
-func (s *Sink) apply(ctx context.Context, w *write, winners []int) {
-	s.sendAll(ctx, w, winners, external)
-	if len(w.equal) == 0 {
-		return
-	}
-	equal := w.equal
-	w.equal = nil
-	resend := s.resolveEqual(ctx, w, equal)
-	s.sendAll(ctx, w, resend, externalGTE)
-}
-
 // sendAll splits items into bulk requests bounded by count and bytes and
 // runs up to s.workers of them at once.
 func (s *Sink) sendAll(ctx context.Context, w *write, items []int, vt versionType) {
@@ -417,17 +405,7 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 		c, reason := classify(&r.Items[i].Index)
 		switch c {
 		case classConflict:
-			if cur, prov, ok := ConflictVersions(reason); ok && cur > prov {
-				w.out[p] = outbox.Outcome{Status: outbox.Stale}
-				continue
-			}
-			if s.isResend(w, p) {
-				w.out[p] = outbox.Outcome{Status: outbox.Stale}
-				continue
-			}
-			w.mu.Lock()
-			w.equal = append(w.equal, p)
-			w.mu.Unlock()
+			w.conflict(p, reason)
 			continue
 		case classMissingAlias:
 			w.mu.Lock()
@@ -439,12 +417,6 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 		}
 		w.out[p] = outcomeOf(c, reason)
 	}
-}
-
-// isResend reports whether p was already sent with external_gte in this
-// Write, in which case any conflict is a newer version written meanwhile.
-func (s *Sink) isResend(w *write, p int) bool {
-	return w.out[p].Status == resendMark
 }
 
 func (s *Sink) observe(result string, started time.Time) {

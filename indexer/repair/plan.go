@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxd/outboxd/indexer"
 )
 
 // Doc is what repair remembers about one scanned document: its
@@ -45,7 +47,7 @@ func keyOf(h ScanHit, key []string, versionField, updatedField string) (k string
 		}
 	}
 	d = Doc{Index: h.Index, ID: h.ID, ESVersion: h.Version, SeqNo: h.SeqNo, PrimaryTerm: h.PrimaryTerm, Version: h.Version}
-	if b, _ := fieldAt(src, "outboxd_deleted").(bool); b {
+	if b, _ := fieldAt(src, indexer.TombstoneField).(bool); b {
 		d.Tombstone = true
 	}
 	d.SourceID = h.ID
@@ -115,7 +117,7 @@ func scalar(v any) string {
 func sourceFields(key []string, versionField, updatedField string) []string {
 	seen := map[string]bool{}
 	var out []string
-	for _, f := range append([]string{"source_id", "outboxd_deleted", versionField, updatedField}, key...) {
+	for _, f := range append([]string{"source_id", indexer.TombstoneField, versionField, updatedField}, key...) {
 		if f != "" && !seen[f] {
 			seen[f] = true
 			out = append(out, f)
