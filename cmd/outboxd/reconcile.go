@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"sort"
 
@@ -69,7 +70,7 @@ Flags:
 		return err
 	}
 	defer pool.Close()
-	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{})
+	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{Logger: slog.Default()})
 	rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
 		ES: client, DB: pool, Schema: db.schema, Index: *index, SourceSQL: *sourceSQL,
 		Apply: *apply, Sample: max(*sample, 1), Operator: *operator, Progress: prog,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,7 +91,7 @@ func runRepair(ctx context.Context, args []string) error {
 		return err
 	}
 
-	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{})
+	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{Logger: slog.Default()})
 	plan, err := repair.PlanDuplicates(ctx, client, repair.Options{
 		Index: *index, Key: keyFields, VersionField: *versionField, UpdatedField: *updatedField,
 		PageSize: *pageSize, Progress: prog,
@@ -128,7 +129,7 @@ func runRepair(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w (nothing was changed)", err)
 	}
 	defer audit.Close()
-	aprog := repair.NewProgress("repair "+*index, int64(len(plan.Groups)), repair.ProgressOptions{})
+	aprog := repair.NewProgress("repair "+*index, int64(len(plan.Groups)), repair.ProgressOptions{Logger: slog.Default()})
 	res, err := plan.Apply(ctx, client, repair.ApplyOptions{BackupPath: path, Audit: audit, Operator: *operator, Progress: aprog})
 	aprog.Finish()
 	if err != nil {
@@ -186,7 +187,7 @@ Flags:
 		return err
 	}
 	defer audit.Close()
-	prog := repair.NewProgress("restore", 0, repair.ProgressOptions{})
+	prog := repair.NewProgress("restore", 0, repair.ProgressOptions{Logger: slog.Default()})
 	res, err := repair.Restore(ctx, client, fs.Arg(0), repair.RestoreOptions{Audit: audit, Progress: prog})
 	prog.Finish()
 	if err != nil {

@@ -66,6 +66,7 @@
 // Every write bumps the row's version in the same UPDATE that changes it
 // and appends its outbox event at that version, in the same transaction;
 // deletes are soft and append a delete event at the bumped version. The
-// indexer applies events with version_type=external_gte, so duplicates,
-// replays and reordering cannot resurrect or roll back a document.
+// indexer's version gate (indexer/gate.go) keeps the highest version per
+// document, so duplicates, replays and reordering cannot resurrect or roll
+// back a document.
 package main

@@ -36,7 +36,7 @@ type ProgressOptions struct {
 	// os.Stderr.
 	Out io.Writer
 	// Logger receives the periodic lines when Out is not a terminal; nil
-	// means slog.Default().
+	// discards them.
 	Logger *slog.Logger
 	// Interval between redraws or log lines; 0 means 200ms on a terminal
 	// and 10s otherwise.
@@ -52,7 +52,7 @@ func NewProgress(task string, total int64, opts ProgressOptions) *Progress {
 	}
 	p := &Progress{task: task, out: out, tty: progressIsTerminal(out), logger: opts.Logger, stop: make(chan struct{}), start: time.Now()}
 	if p.logger == nil {
-		p.logger = slog.Default()
+		p.logger = slog.New(slog.DiscardHandler)
 	}
 	p.interval = opts.Interval
 	if p.interval <= 0 {

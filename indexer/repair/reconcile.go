@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"sort"
 	"strings"
 
@@ -50,7 +49,6 @@ type ReconcileOptions struct {
 	// Batch is the number of fix events per transaction; 0 means 500.
 	Batch    int
 	Progress *Progress
-	Logger   *slog.Logger
 }
 
 // DriftSample is one example of a drift.
@@ -147,10 +145,6 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	}
 	if opts.Operator == "" {
 		opts.Operator = "outboxd reconcile"
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
 	}
 	ob, err := outbox.NewOutbox(opts.Schema)
 	if err != nil {
@@ -310,10 +304,6 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	if err := fx.flush(ctx); err != nil {
 		return nil, err
 	}
-	log.Info("reconcile finished", "index", opts.Index, "index_docs", rep.IndexDocs, "source_rows", rep.SourceRows,
-		"missing", rep.Counts[DriftMissing], "stale", rep.Counts[DriftStale], "extra", rep.Counts[DriftExtra],
-		"resurrected", rep.Counts[DriftResurrected], "duplicate", rep.Counts[DriftDuplicate], "ahead", rep.Counts[DriftAhead],
-		"needs_repair", rep.NeedsRepair, "applied", opts.Apply, "events", rep.Events)
 	return rep, nil
 }
 
