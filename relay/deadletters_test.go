@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 // dlSink rejects events until their source is fixed, like an index whose
@@ -74,7 +75,7 @@ func setupDeadLetters(t *testing.T, events ...outbox.Event) *dlEnv {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 20*time.Second, "every event is parked", func() bool { return len(e.list(t, relay.DeadLetterFilter{Limit: 1000})) == len(events) })
+	schematest.Eventually(t, 20*time.Second, "every event is parked", func() bool { return len(e.list(t, relay.DeadLetterFilter{Limit: 1000})) == len(events) })
 	return e
 }
 
@@ -184,7 +185,7 @@ func TestDeadLetterRetry(t *testing.T) {
 		if err != nil || n != 2 {
 			t.Fatalf("retry: %d, %v", n, err)
 		}
-		eventually(t, 20*time.Second, "both versions of a are applied", func() bool { return len(e.sink.versions("a")) == 2 })
+		schematest.Eventually(t, 20*time.Second, "both versions of a are applied", func() bool { return len(e.sink.versions("a")) == 2 })
 		if v := e.sink.versions("a"); v[0] != 1 || v[1] != 2 {
 			t.Fatalf("versions applied in order %v, want [1 2]", v)
 		}
@@ -209,7 +210,7 @@ func TestDeadLetterRetry(t *testing.T) {
 		if err != nil || n != 1 {
 			t.Fatalf("retry: %d, %v", n, err)
 		}
-		eventually(t, 20*time.Second, "b is parked again", func() bool {
+		schematest.Eventually(t, 20*time.Second, "b is parked again", func() bool {
 			return len(e.list(t, relay.DeadLetterFilter{SourceID: "b", Status: relay.DeadLetterParked})) == 1
 		})
 	})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestRelayFailures(t *testing.T) {
@@ -27,13 +28,13 @@ func TestRelayFailures(t *testing.T) {
 		sink.setDown(true)
 		start(t, e.config(sink))
 		ids := e.append(t, 300)
-		eventually(t, 10*time.Second, "backlog of 300", func() bool { return e.backlog(t) == 300 })
+		schematest.Eventually(t, 10*time.Second, "backlog of 300", func() bool { return e.backlog(t) == 300 })
 		time.Sleep(300 * time.Millisecond) // several failed attempts
 		if n := sink.delivered(); n != 0 {
 			t.Fatalf("delivered %d while down", n)
 		}
 		sink.setDown(false)
-		eventually(t, 20*time.Second, "backlog drained", func() bool { return e.backlog(t) == 0 })
+		schematest.Eventually(t, 20*time.Second, "backlog drained", func() bool { return e.backlog(t) == 0 })
 		for _, id := range ids {
 			if !sink.has(id) {
 				t.Fatalf("event %d lost", id)
@@ -60,7 +61,7 @@ func TestRelayFailures(t *testing.T) {
 		}
 		start(t, e.config(sink))
 		ids := e.append(t, 10)
-		eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[9]) && e.backlog(t) == 0 })
+		schematest.Eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[9]) && e.backlog(t) == 0 })
 		var reason, source string
 		var attempts int
 		err := e.pool.QueryRow(context.Background(), `SELECT source_id, reason, attempts FROM "`+e.schema+`".dead_letters`).Scan(&source, &reason, &attempts)
@@ -88,7 +89,7 @@ func TestRelayFailures(t *testing.T) {
 		cfg.MaxAttempts = 4
 		start(t, cfg)
 		ids := e.append(t, 3)
-		eventually(t, 10*time.Second, "backlog drained", func() bool { return sink.has(ids[2]) && e.backlog(t) == 0 })
+		schematest.Eventually(t, 10*time.Second, "backlog drained", func() bool { return sink.has(ids[2]) && e.backlog(t) == 0 })
 		var reason string
 		var attempts int
 		if err := e.pool.QueryRow(context.Background(), `SELECT reason, attempts FROM "`+e.schema+`".dead_letters WHERE source_id = 's1'`).Scan(&reason, &attempts); err != nil {
@@ -106,7 +107,7 @@ func TestRelayFailures(t *testing.T) {
 		ctx := context.Background()
 		stop := start(t, e.config(sink))
 		first := e.append(t, 5)
-		eventually(t, 10*time.Second, "first events acknowledged", func() bool { return e.backlog(t) == 0 && sink.has(first[4]) })
+		schematest.Eventually(t, 10*time.Second, "first events acknowledged", func() bool { return e.backlog(t) == 0 && sink.has(first[4]) })
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +150,7 @@ func TestRelayFailures(t *testing.T) {
 		sink := newRecordingSink()
 		stop := start(t, e.config(sink))
 		ids := e.append(t, 200)
-		eventually(t, 10*time.Second, "all delivered", func() bool { return sink.delivered() == len(ids) })
+		schematest.Eventually(t, 10*time.Second, "all delivered", func() bool { return sink.delivered() == len(ids) })
 		if err := stop(); err != nil {
 			t.Fatalf("graceful shutdown: %v", err)
 		}
@@ -159,7 +160,7 @@ func TestRelayFailures(t *testing.T) {
 		again := newRecordingSink()
 		start(t, e.config(again))
 		more := e.append(t, 1)
-		eventually(t, 10*time.Second, "new event delivered after restart", func() bool { return again.has(more[0]) })
+		schematest.Eventually(t, 10*time.Second, "new event delivered after restart", func() bool { return again.has(more[0]) })
 		if n := again.delivered(); n != 1 {
 			t.Fatalf("restart re-delivered %d acknowledged events", n-1)
 		}
@@ -189,7 +190,7 @@ func TestRelayFailures(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		eventually(t, 20*time.Second, "all delivered", func() bool { return sink.delivered() == 200 })
+		schematest.Eventually(t, 20*time.Second, "all delivered", func() bool { return sink.delivered() == 200 })
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
 		last := map[string]int64{}
@@ -210,7 +211,7 @@ func TestRelayFailures(t *testing.T) {
 		stop := start(t, cfg)
 		ctx := context.Background()
 		idA, _ := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "a", SourceID: "x", Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
-		eventually(t, 10*time.Second, "a delivered", func() bool { return sink.has(idA) })
+		schematest.Eventually(t, 10*time.Second, "a delivered", func() bool { return sink.has(idA) })
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -264,7 +265,7 @@ func TestRelayFailures(t *testing.T) {
 		cfg.MaxAttempts = 3
 		start(t, cfg)
 		ids := e.append(t, 1)
-		eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sink.has(ids[0]) })
+		schematest.Eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sink.has(ids[0]) })
 		var dead int
 		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".dead_letters`).Scan(&dead); err != nil {
 			t.Fatal(err)

@@ -145,17 +145,6 @@ func (e *env) append(t *testing.T, n int) []int64 {
 	return ids
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func (e *env) backlog(t *testing.T) int64 {
 	t.Helper()
 	st, err := relay.CollectStats(context.Background(), e.pool, e.schema)
@@ -174,8 +163,8 @@ func TestRelayDelivery(t *testing.T) {
 		sink := newRecordingSink()
 		stop := start(t, e.config(sink))
 		ids := e.append(t, 500)
-		eventually(t, 20*time.Second, "all events delivered", func() bool { return sink.delivered() == len(ids) })
-		eventually(t, 20*time.Second, "backlog zero", func() bool { return e.backlog(t) == 0 })
+		schematest.Eventually(t, 20*time.Second, "all events delivered", func() bool { return sink.delivered() == len(ids) })
+		schematest.Eventually(t, 20*time.Second, "backlog zero", func() bool { return e.backlog(t) == 0 })
 		if err := stop(); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -204,7 +193,7 @@ func TestRelayDelivery(t *testing.T) {
 		if idB <= idA {
 			t.Fatalf("want B's id after A's: %d <= %d", idB, idA)
 		}
-		eventually(t, 10*time.Second, "B delivered while A is open", func() bool { return sink.has(idB) })
+		schematest.Eventually(t, 10*time.Second, "B delivered while A is open", func() bool { return sink.has(idB) })
 		// Let the relay take several more snapshots past B before A commits.
 		time.Sleep(200 * time.Millisecond)
 		if sink.has(idA) {
@@ -213,7 +202,7 @@ func TestRelayDelivery(t *testing.T) {
 		if err := txA.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "A delivered after it commits", func() bool { return sink.has(idA) })
+		schematest.Eventually(t, 10*time.Second, "A delivered after it commits", func() bool { return sink.has(idA) })
 	})
 
 	t.Run("a long unrelated open write transaction does not stall delivery", func(t *testing.T) {
@@ -234,7 +223,7 @@ func TestRelayDelivery(t *testing.T) {
 		}
 		for round := range 5 {
 			ids := e.append(t, 20)
-			eventually(t, 10*time.Second, fmt.Sprintf("round %d delivered with the long transaction open", round), func() bool {
+			schematest.Eventually(t, 10*time.Second, fmt.Sprintf("round %d delivered with the long transaction open", round), func() bool {
 				return sink.has(ids[len(ids)-1]) && sink.has(ids[0])
 			})
 		}
@@ -258,7 +247,7 @@ func TestRelayDelivery(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids := e.append(t, 3)
-		eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[2]) })
+		schematest.Eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[2]) })
 		if sink.has(idR) {
 			t.Fatal("a rolled back event was delivered")
 		}
@@ -283,14 +272,14 @@ func TestRelayWakeup(t *testing.T) {
 		start(t, cfg)
 		first := e.append(t, 1)
 		// The very first poll happens at once; after it the loop sleeps a minute.
-		eventually(t, 10*time.Second, "first event", func() bool { return sink.has(first[0]) })
+		schematest.Eventually(t, 10*time.Second, "first event", func() bool { return sink.has(first[0]) })
 		time.Sleep(100 * time.Millisecond)
 		for i := range 3 {
 			id, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "items", SourceID: fmt.Sprintf("wake%d", i), Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "woken delivery", func() bool { return sink.has(id) })
+			schematest.Eventually(t, 5*time.Second, "woken delivery", func() bool { return sink.has(id) })
 		}
 	})
 }

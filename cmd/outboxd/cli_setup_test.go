@@ -79,7 +79,7 @@ func (e *cliEnv) runRelay(t *testing.T) (stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	cliEventually(t, "the relay leads", func() bool { return len(r.Leading()) == 1 })
+	schematest.Eventually(t, 20*time.Second, "the relay leads", func() bool { return len(r.Leading()) == 1 })
 	return stop
 }
 
@@ -97,17 +97,6 @@ func (e *cliEnv) backlog(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	return st.Backlog()
-}
-
-func cliEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func exitCode(err error) int {

@@ -218,7 +218,7 @@ func TestGuaranteeRelayCommandMetricsEnvAndLogs(t *testing.T) {
 	}
 
 	// A mapping conflict once "n" is mapped as a number: rejected, parked.
-	cliEventually(t, "the first events are delivered", func() bool { return e.backlog(t) == 0 })
+	schematest.Eventually(t, 20*time.Second, "the first events are delivered", func() bool { return e.backlog(t) == 0 })
 	if _, err := e.outbox.Append(context.Background(), e.pool, outbox.Event{IndexName: index, SourceID: "bad", Version: 1,
 		Op: outbox.OpUpsert, Document: json.RawMessage(`{"n":"not a number"}`)}); err != nil {
 		t.Fatal(err)
@@ -237,7 +237,7 @@ func TestGuaranteeRelayCommandMetricsEnvAndLogs(t *testing.T) {
 		return string(b), err
 	}
 	var body string
-	cliEventually(t, "the relay applied every event and ran the retention job (admin server on OUTBOXD_ADMIN_ADDR)", func() bool {
+	schematest.Eventually(t, 20*time.Second, "the relay applied every event and ran the retention job (admin server on OUTBOXD_ADMIN_ADDR)", func() bool {
 		select {
 		case err := <-done:
 			stopped = true

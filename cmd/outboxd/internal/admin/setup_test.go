@@ -142,7 +142,7 @@ func (e *testEnv) startRelay(t *testing.T) {
 	e.relay = r
 	t.Cleanup(e.sink.release) // registered before goRun's, so it runs after the relay's cancel
 	goRun(t, "relay", r.Run)
-	eventually(t, 15*time.Second, "the relay leads its stream", func() bool { return len(r.Leading()) == 1 })
+	schematest.Eventually(t, 15*time.Second, "the relay leads its stream", func() bool { return len(r.Leading()) == 1 })
 }
 
 // startAdmin runs the admin server with cfg completed from e.
@@ -212,17 +212,6 @@ func (e *testEnv) backlog(t *testing.T) int64 {
 		n += s.Backlog
 	}
 	return n
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // get fetches path from the admin server with optional headers.
