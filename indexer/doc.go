@@ -75,18 +75,6 @@
 //
 // # Repair and reconcile
 //
-// PlanRepair scans every concrete index behind a name (point in time and
-// search_after, a few dozen bytes of state per document), groups documents
-// by a key and picks one keeper per group; it changes nothing. Apply writes
-// and fsyncs a backup of every document it will touch before it touches
-// any, appends each step to an audit log, re-submits the keeper under
-// _id = key at its version, and deletes the others only if unchanged since
-// the scan (if_seq_no + if_primary_term): a document changed meanwhile is
-// skipped and reported, never lost. RestoreRepair puts a backup back;
-// Elasticsearch cannot lower a version, so a document comes back with its
-// source and _id but possibly at a higher _version (reported as raised).
-//
-// Reconcile compares the rows of a SQL query with the index and fixes drift
-// only by appending outbox events at versions that win the version gate, so
-// every fix takes the same path as ordinary writes.
+// The operator tools (duplicate repair, backup and restore, audit log,
+// progress reporting, reconcile) live in package indexer/repair.
 package indexer
