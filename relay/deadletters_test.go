@@ -53,17 +53,12 @@ func (s *dlSink) versions(source string) []int64 {
 	return append([]int64(nil), s.applied[source]...)
 }
 
-type dlEnv struct {
-	*env
-	sink *dlSink
-}
-
 // setupDeadLetters runs a relay whose sink rejects everything until fixed,
 // and parks the given events as dead letters.
-func setupDeadLetters(t *testing.T, events ...outbox.Event) *dlEnv {
+func setupDeadLetters(t *testing.T, events ...outbox.Event) (*env, *dlSink) {
 	t.Helper()
-	e := &dlEnv{env: setup(t), sink: &dlSink{fixed: map[string]bool{}, applied: map[string][]int64{}}}
-	stop := start(t, relay.Config{Pool: e.pool, Schema: e.schema, Sink: e.sink, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	e, sink := setup(t), &dlSink{fixed: map[string]bool{}, applied: map[string][]int64{}}
+	stop := start(t, relay.Config{Pool: e.pool, Schema: e.schema, Sink: sink, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		LeaseInterval: 100 * time.Millisecond})
 	t.Cleanup(func() {
 		if err := stop(); err != nil {
@@ -76,10 +71,10 @@ func setupDeadLetters(t *testing.T, events ...outbox.Event) *dlEnv {
 		}
 	}
 	schematest.Eventually(t, 20*time.Second, "every event is parked", func() bool { return len(e.list(t, relay.DeadLetterFilter{Limit: 1000})) == len(events) })
-	return e
+	return e, sink
 }
 
-func (e *dlEnv) list(t *testing.T, f relay.DeadLetterFilter) []relay.DeadLetter {
+func (e *env) list(t *testing.T, f relay.DeadLetterFilter) []relay.DeadLetter {
 	t.Helper()
 	dls, err := relay.ListDeadLetters(context.Background(), e.pool, e.schema, f)
 	if err != nil {
@@ -94,7 +89,7 @@ type auditRow struct {
 	detail           map[string]any
 }
 
-func (e *dlEnv) audit(t *testing.T) []auditRow {
+func (e *env) audit(t *testing.T) []auditRow {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(), `SELECT operator, action, ids, detail FROM "`+e.schema+`".audit_log ORDER BY id`)
 	if err != nil {
@@ -121,7 +116,7 @@ func dlUpsert(index, source string, version int64) outbox.Event {
 
 func TestDeadLetterList(t *testing.T) {
 	t.Parallel()
-	e := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1), dlUpsert("shop", "d", 2))
+	e, _ := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1), dlUpsert("shop", "d", 2))
 	ctx := context.Background()
 
 	t.Run("a dead letter keeps the event and the reason", func(t *testing.T) {
@@ -168,7 +163,7 @@ func TestDeadLetterList(t *testing.T) {
 
 func TestDeadLetterRetry(t *testing.T) {
 	t.Parallel()
-	e := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "a", 2), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1))
+	e, sink := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "a", 2), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1))
 	ctx := context.Background()
 
 	t.Run("retry needs an operator and a selection", func(t *testing.T) {
@@ -180,13 +175,13 @@ func TestDeadLetterRetry(t *testing.T) {
 		}
 	})
 	t.Run("a retried dead letter is delivered again by the running relay", func(t *testing.T) {
-		e.sink.fix("a")
+		sink.fix("a")
 		n, err := relay.RetryDeadLetters(ctx, e.pool, e.schema, relay.DeadLetterFilter{Index: "shop", SourceID: "a"}, "alice")
 		if err != nil || n != 2 {
 			t.Fatalf("retry: %d, %v", n, err)
 		}
-		schematest.Eventually(t, 20*time.Second, "both versions of a are applied", func() bool { return len(e.sink.versions("a")) == 2 })
-		if v := e.sink.versions("a"); v[0] != 1 || v[1] != 2 {
+		schematest.Eventually(t, 20*time.Second, "both versions of a are applied", func() bool { return len(sink.versions("a")) == 2 })
+		if v := sink.versions("a"); v[0] != 1 || v[1] != 2 {
 			t.Fatalf("versions applied in order %v, want [1 2]", v)
 		}
 		for _, d := range e.list(t, relay.DeadLetterFilter{SourceID: "a"}) {
@@ -231,7 +226,7 @@ func TestDeadLetterRetry(t *testing.T) {
 		if last.operator != "carol" || last.action != "deadletters.discard" || len(last.ids) != 2 {
 			t.Fatalf("audit = %+v", a)
 		}
-		if e.sink.versions("c") != nil {
+		if sink.versions("c") != nil {
 			t.Fatal("a discarded dead letter was delivered")
 		}
 	})
