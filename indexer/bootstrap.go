@@ -168,7 +168,7 @@ func (r *resolved) dataStream(n string) bool {
 
 func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, body []byte) (done bool, err error) {
 	read, first := ReadAlias(name), FirstIndex(name)
-	raw, err := Perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
+	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
 		Name:              []string{name, read, first},
 		ExpandWildcards:   "all",
 		IgnoreUnavailable: &ptrTrue,
@@ -197,7 +197,7 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 	}
 	create := append(append(body[:len(body)-1:len(body)-1], `,"aliases":{`...), aliasesJSON(name, read)...)
 	create = append(create, "}}"...)
-	_, err = Perform(ctx, es, "create index "+first, esapi.IndicesCreateRequest{Index: first, Body: bytes.NewReader(create)})
+	_, err = perform(ctx, es, "create index "+first, esapi.IndicesCreateRequest{Index: first, Body: bytes.NewReader(create)})
 	var re *ResponseError
 	if errors.As(err, &re) && re.Type == "resource_already_exists_exception" {
 		return false, nil // another process won the race; look again
@@ -225,7 +225,7 @@ func addAliases(ctx context.Context, es *elasticsearch.Client, index, name, read
 		}
 		actions += `{"add":{"index":` + string(ix) + `,"alias":` + string(rd) + `,"filter":` + ReadFilter + `}}`
 	}
-	_, err := Perform(ctx, es, "add aliases", esapi.IndicesUpdateAliasesRequest{Body: strings.NewReader(`{"actions":[` + actions + `]}`)})
+	_, err := perform(ctx, es, "add aliases", esapi.IndicesUpdateAliasesRequest{Body: strings.NewReader(`{"actions":[` + actions + `]}`)})
 	return err
 }
 
@@ -241,7 +241,7 @@ func checkAliases(ctx context.Context, es *elasticsearch.Client, name string, ta
 	if haveRead {
 		names = append(names, read)
 	}
-	raw, err := Perform(ctx, es, "get aliases", esapi.IndicesGetAliasRequest{Name: names})
+	raw, err := perform(ctx, es, "get aliases", esapi.IndicesGetAliasRequest{Name: names})
 	if err != nil {
 		return false, err
 	}
@@ -269,7 +269,7 @@ func checkAliases(ctx context.Context, es *elasticsearch.Client, name string, ta
 	}
 	// Harmless when present; adds the fields to an index made by hand.
 	fields, _ := json.Marshal(map[string]any{"properties": outboxdFields})
-	if _, err := Perform(ctx, es, "put mapping", esapi.IndicesPutMappingRequest{Index: []string{index}, Body: bytes.NewReader(fields)}); err != nil {
+	if _, err := perform(ctx, es, "put mapping", esapi.IndicesPutMappingRequest{Index: []string{index}, Body: bytes.NewReader(fields)}); err != nil {
 		var re *ResponseError
 		if errors.As(err, &re) && re.Status == 400 {
 			return false, &IncompatibleError{name, "its mapping cannot hold the outboxd fields: " + re.Error()}

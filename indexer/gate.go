@@ -153,7 +153,7 @@ func (s *Sink) stored(ctx context.Context, index string, events []outbox.Event, 
 		b = appendString(b, events[p].SourceID)
 	}
 	b = append(b, "]}"...)
-	body, err := Perform(ctx, s.es, "mget", esapi.MgetRequest{
+	body, err := perform(ctx, s.es, "mget", esapi.MgetRequest{
 		Index:      index,
 		Body:       bytes.NewReader(b),
 		FilterPath: []string{"docs.found", "docs._version", "docs._source"},

@@ -42,7 +42,7 @@ func dropIndices(t testing.TB, es *elasticsearch.Client, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, ix := range []string{FirstIndex(name), name} {
-		raw, err := Perform(ctx, es, "resolve", esapi.IndicesResolveIndexRequest{Name: []string{ix}, IgnoreUnavailable: &ptrTrue})
+		raw, err := perform(ctx, es, "resolve", esapi.IndicesResolveIndexRequest{Name: []string{ix}, IgnoreUnavailable: &ptrTrue})
 		if err != nil {
 			t.Logf("cleanup %s: %v", ix, err)
 			continue
@@ -50,7 +50,7 @@ func dropIndices(t testing.TB, es *elasticsearch.Client, name string) {
 		var r resolved
 		_ = json.Unmarshal(raw, &r)
 		if r.index(ix) {
-			if _, err := Perform(ctx, es, "delete index", esapi.IndicesDeleteRequest{Index: []string{ix}}); err != nil {
+			if _, err := perform(ctx, es, "delete index", esapi.IndicesDeleteRequest{Index: []string{ix}}); err != nil {
 				t.Logf("cleanup %s: %v", ix, err)
 			}
 		}

@@ -53,10 +53,10 @@ func responseError(op string, status int, body []byte) *ResponseError {
 	return re
 }
 
-// Perform runs req and returns the body of a 2xx answer, or a *ResponseError,
+// perform runs req and returns the body of a 2xx answer, or a *ResponseError,
 // or the transport's error. For the small control requests of bootstrap,
 // purge and ping; bulk has its own loop.
-func Perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {
+func perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {
 	res, err := req.Do(ctx, es)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: %s: %w", op, err)
@@ -70,4 +70,9 @@ func Perform(ctx context.Context, es esapi.Transport, op string, req esapi.Reque
 		return body, responseError(op, res.StatusCode, body)
 	}
 	return body, nil
+}
+
+// Perform is perform for the operator tools in indexer/repair.
+func Perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {
+	return perform(ctx, es, op, req)
 }

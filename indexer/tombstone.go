@@ -49,7 +49,7 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 	// scroll context. Deleting while scrolling is fine: the scroll reads a
 	// snapshot.
 	filter := []string{"_scroll_id", "hits.hits._index", "hits.hits._id", "hits.hits._version", "hits.hits._seq_no", "hits.hits._primary_term"}
-	raw, err := Perform(ctx, es, "purge: search tombstones", esapi.SearchRequest{
+	raw, err := perform(ctx, es, "purge: search tombstones", esapi.SearchRequest{
 		Index:      []string{name},
 		Body:       strings.NewReader(query),
 		Scroll:     time.Minute,
@@ -67,7 +67,7 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 		// until it expires.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		_, _ = Perform(cctx, es, "purge: clear scroll", esapi.ClearScrollRequest{ScrollID: []string{scrollID}})
+		_, _ = perform(cctx, es, "purge: clear scroll", esapi.ClearScrollRequest{ScrollID: []string{scrollID}})
 	}()
 	for {
 		var page struct {
@@ -88,7 +88,7 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 		if err != nil {
 			return purged, err
 		}
-		raw, err = Perform(ctx, es, "purge: next page", esapi.ScrollRequest{
+		raw, err = perform(ctx, es, "purge: next page", esapi.ScrollRequest{
 			ScrollID:   scrollID,
 			Scroll:     time.Minute,
 			FilterPath: filter,
@@ -125,7 +125,7 @@ func deleteTombstones(ctx context.Context, es *elasticsearch.Client, hits []tomb
 		b = strconv.AppendInt(b, h.PrimaryTerm, 10)
 		b = append(b, "}}\n"...)
 	}
-	raw, err := Perform(ctx, es, "purge: bulk delete", esapi.BulkRequest{
+	raw, err := perform(ctx, es, "purge: bulk delete", esapi.BulkRequest{
 		Body:       bytes.NewReader(b),
 		FilterPath: []string{"items.*.status", "items.*.error.type", "items.*.error.reason"},
 	})
@@ -159,6 +159,6 @@ func deleteTombstones(ctx context.Context, es *elasticsearch.Client, hits []tomb
 
 // Ping reports whether Elasticsearch answers, for readiness probes.
 func Ping(ctx context.Context, es *elasticsearch.Client) error {
-	_, err := Perform(ctx, es, "ping", esapi.ClusterHealthRequest{FilterPath: []string{"status"}})
+	_, err := perform(ctx, es, "ping", esapi.ClusterHealthRequest{FilterPath: []string{"status"}})
 	return err
 }
