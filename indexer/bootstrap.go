@@ -11,10 +11,12 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
-// ReadFilter is the filter of every read alias N-read: tombstones are
-// documents too, and searchers must never see them.
+// ReadFilter is the filter of the search names N and N-read: tombstones
+// are documents too, and searchers must never see them.
 const ReadFilter = `{"bool":{"must_not":{"term":{"` + TombstoneField + `":true}}}}`
 
 // outboxdFields are merged into every mapping, default or user supplied.
@@ -23,8 +25,14 @@ var outboxdFields = map[string]any{
 	TombstoneAtField: map[string]any{"type": "date"},
 }
 
-// FirstIndex and ReadAlias name what Bootstrap creates for the write alias name.
+// writeSuffix names the write alias: the only name outboxd writes through.
+const writeSuffix = "-write"
+
+// FirstIndex, WriteAlias and ReadAlias name what Bootstrap creates for an
+// index name N. N itself is a filtered alias, the clean view applications
+// search; N-read is the same view under the name older releases used.
 func FirstIndex(name string) string { return name + "-000001" }
+func WriteAlias(name string) string { return name + writeSuffix }
 func ReadAlias(name string) string  { return name + "-read" }
 
 // indexBody returns the settings and mappings for a new concrete index:
@@ -45,7 +53,7 @@ func indexBody(spec []byte) ([]byte, error) {
 			case "settings", "mappings":
 				body[k] = v
 			case "aliases":
-				return nil, errors.New("indexer: index spec: aliases: outboxd owns the aliases (N and N-read); remove this key")
+				return nil, errors.New("indexer: index spec: aliases: outboxd owns the aliases (N, N-write and N-read); remove this key")
 			default:
 				return nil, fmt.Errorf("indexer: index spec: %s: unknown key; only \"settings\" and \"mappings\" are allowed", k)
 			}
@@ -81,31 +89,28 @@ func indexBody(spec []byte) ([]byte, error) {
 	return json.Marshal(body)
 }
 
-// checkName applies Elasticsearch's index name rules to name and the names
-// derived from it.
+// checkName applies the rules every event's index_name passed at append
+// (outbox.ValidateIndexName): Elasticsearch's, outboxd's reserved suffixes
+// and room for the derived names. It runs again here for events appended
+// before those rules existed.
 func checkName(name string) error {
-	switch {
-	case name == "":
-		return &NameError{name, "must not be empty"}
-	case name == "." || name == "..":
-		return &NameError{name, `must not be "." or ".."`}
-	case strings.ContainsAny(name[:1], "-_+"):
-		return &NameError{name, "must not start with '-', '_' or '+'"}
-	case strings.ToLower(name) != name:
-		return &NameError{name, "must be lowercase"}
-	case strings.ContainsAny(name, "\\/*?\"<>| ,#:"):
-		return &NameError{name, `must not contain \ / * ? " < > | space , # :`}
-	case len(FirstIndex(name)) > 255:
-		return &NameError{name, "too long: at most 248 bytes (Elasticsearch allows 255 and outboxd appends -000001)"}
+	var ve *outbox.ValidationError
+	if err := outbox.ValidateIndexName(name); errors.As(err, &ve) {
+		return &NameError{name, ve.Reason}
 	}
 	return nil
 }
 
-// Bootstrap makes sure the write alias name, its concrete index
-// name-000001 and the filtered read alias name-read exist, creating what is
-// missing. It is idempotent and safe to run concurrently, from several
+// Bootstrap makes sure the layout of name exists: the concrete index
+// name-000001, the write alias name-write (the only name outboxd writes
+// through) and the filtered aliases name and name-read, which never show a
+// tombstone. It creates what is missing and upgrades the layout of older
+// releases (name an unfiltered write alias) in place with one atomic
+// _aliases request: name is redefined, never removed, and no document is
+// copied. It is idempotent and safe to run concurrently, from several
 // processes too. It returns an *IncompatibleError, having changed nothing,
-// when name is a concrete index or the aliases are shaped differently.
+// when one of the names is a concrete index or the aliases are shaped
+// differently.
 func Bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec []byte) error {
 	if err := checkName(name); err != nil {
 		return err
@@ -167,9 +172,9 @@ func (r *resolved) dataStream(n string) bool {
 }
 
 func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, body []byte) (done bool, err error) {
-	read, first := ReadAlias(name), FirstIndex(name)
+	write, read, first := WriteAlias(name), ReadAlias(name), FirstIndex(name)
 	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
-		Name:              []string{name, read, first},
+		Name:              []string{name, write, read, first},
 		ExpandWildcards:   "all",
 		IgnoreUnavailable: &ptrTrue,
 	})
@@ -180,68 +185,114 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 	if err := json.Unmarshal(raw, &r); err != nil {
 		return false, fmt.Errorf("indexer: resolve index: %w", err)
 	}
-	switch {
-	case r.index(name):
-		return false, &IncompatibleError{name, "it is a concrete index, but outboxd writes through a write alias of that name; reindex it into " + first + " and replace it with the aliases " + name + " and " + read}
-	case r.dataStream(name) || r.dataStream(read):
-		return false, &IncompatibleError{name, "it or " + read + " is a data stream; outboxd needs aliases"}
-	case r.index(read):
-		return false, &IncompatibleError{name, read + " is a concrete index, but outboxd needs it to be the filtered read alias"}
-	}
-	if targets := r.alias(name); targets != nil {
-		return checkAliases(ctx, es, name, targets, r.alias(read) != nil)
-	}
-	if r.index(first) {
-		// Created by hand, or its aliases were removed: adopt it.
-		return false, addAliases(ctx, es, first, name, read, r.alias(read) == nil)
-	}
-	create := append(append(body[:len(body)-1:len(body)-1], `,"aliases":{`...), aliasesJSON(name, read)...)
-	create = append(create, "}}"...)
-	_, err = perform(ctx, es, "create index "+first, esapi.IndicesCreateRequest{Index: first, Body: bytes.NewReader(create)})
-	var re *ResponseError
-	if errors.As(err, &re) && re.Type == "resource_already_exists_exception" {
-		return false, nil // another process won the race; look again
-	}
-	return false, err
-}
-
-func aliasesJSON(name, read string) string {
-	n, _ := json.Marshal(name)
-	rd, _ := json.Marshal(read)
-	return string(n) + `:{"is_write_index":true},` + string(rd) + `:{"filter":` + ReadFilter + `}`
-}
-
-func addAliases(ctx context.Context, es *elasticsearch.Client, index, name, read string, withRead bool) error {
-	ix, _ := json.Marshal(index)
-	n, _ := json.Marshal(name)
-	rd, _ := json.Marshal(read)
-	actions := `{"add":{"index":` + string(ix) + `,"alias":` + string(n) + `,"is_write_index":true}}`
-	if name == "" {
-		actions = ""
-	}
-	if withRead {
-		if actions != "" {
-			actions += ","
+	for _, n := range []string{name, write, read} {
+		switch {
+		case r.dataStream(n):
+			return false, &IncompatibleError{name, n + " is a data stream; outboxd needs aliases"}
+		case r.index(n) && n == name:
+			return false, &IncompatibleError{name, "it is a concrete index, but outboxd needs the name for the filtered alias applications search; reindex it into " + first + " and replace it with the aliases " + name + ", " + write + " and " + read}
+		case r.index(n):
+			return false, &IncompatibleError{name, n + " is a concrete index, but outboxd needs it to be an alias"}
 		}
-		actions += `{"add":{"index":` + string(ix) + `,"alias":` + string(rd) + `,"filter":` + ReadFilter + `}}`
 	}
-	_, err := perform(ctx, es, "add aliases", esapi.IndicesUpdateAliasesRequest{Body: strings.NewReader(`{"actions":[` + actions + `]}`)})
-	return err
+	// The index the layout lives on: the one behind the write alias, else
+	// behind name (the layout of older releases, or made by hand: upgraded
+	// in place), else name-000001, adopted or created.
+	index := first
+	for _, n := range []string{write, name} {
+		if t := r.alias(n); t != nil {
+			if len(t) != 1 {
+				return false, &IncompatibleError{name, fmt.Sprintf("%s points at %d indices (%s); versions are only compared within one index, so outboxd needs exactly one", n, len(t), strings.Join(t, ", "))}
+			}
+			if err := foreignOwner(name, n, t[0]); err != nil {
+				return false, err
+			}
+			index = t[0]
+			break
+		}
+	}
+	for _, n := range []string{write, name, read} {
+		for _, t := range r.alias(n) {
+			if t != index {
+				return false, foreignTarget(name, n, t, index)
+			}
+		}
+	}
+	if r.alias(write) == nil && r.alias(name) == nil && !r.index(first) {
+		create := append(append(body[:len(body)-1:len(body)-1], `,"aliases":{`...), aliasesJSON(name)...)
+		create = append(create, "}}"...)
+		_, err = perform(ctx, es, "create index "+first, esapi.IndicesCreateRequest{Index: first, Body: bytes.NewReader(create)})
+		var re *ResponseError
+		if errors.As(err, &re) && re.Type == "resource_already_exists_exception" {
+			return false, nil // another process won the race; look again
+		}
+		return false, err
+	}
+	return checkAliases(ctx, es, name, index)
 }
 
-// checkAliases verifies an existing write alias and completes what is
-// missing without touching anything that exists.
-func checkAliases(ctx context.Context, es *elasticsearch.Client, name string, targets []string, haveRead bool) (bool, error) {
-	read := ReadAlias(name)
-	if len(targets) != 1 {
-		return false, &IncompatibleError{name, fmt.Sprintf("the alias points at %d indices (%s); versions are only compared within one index, so outboxd needs exactly one", len(targets), strings.Join(targets, ", "))}
+// foreignTarget refuses alias (one of name's) pointing at index other
+// than want, the index behind name: reading or writing through it would
+// mix two indexes' documents, and outboxd never moves an alias another
+// index uses.
+func foreignTarget(name, alias, index, want string) error {
+	if err := foreignOwner(name, alias, index); err != nil {
+		return err
 	}
-	index := targets[0]
-	names := []string{name}
-	if haveRead {
-		names = append(names, read)
+	return &IncompatibleError{name, alias + " points at " + index + ", not at " + want + ", the index behind " + name + "; outboxd will not move an alias another index uses"}
+}
+
+// foreignOwner refuses alias pointing at index when index is the concrete
+// index (M-NNNNNN) of another outboxd index M.
+func foreignOwner(name, alias, index string) error {
+	if s := outbox.ReservedSuffix(index); len(s) == len(FirstIndex("")) {
+		if owner := index[:len(index)-len(s)]; owner != name {
+			return &IncompatibleError{name, fmt.Sprintf("alias %s already points at %s, the concrete index of outboxd index %q; outboxd would mix the documents of %q and %q", alias, index, owner, name, owner)}
+		}
 	}
-	raw, err := perform(ctx, es, "get aliases", esapi.IndicesGetAliasRequest{Name: names})
+	return nil
+}
+
+// writeTarget returns the name through which name's tombstones are seen
+// and written: its write alias, or name itself in the layout of older
+// releases (before Bootstrap upgraded it) and for names outboxd did not
+// create.
+func writeTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
+	write := WriteAlias(name)
+	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
+		Name:              []string{write},
+		ExpandWildcards:   "all",
+		IgnoreUnavailable: &ptrTrue,
+	})
+	if err != nil {
+		return "", err
+	}
+	var r resolved
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return "", fmt.Errorf("indexer: resolve index: %w", err)
+	}
+	if r.alias(write) != nil {
+		return write, nil
+	}
+	return name, nil
+}
+
+// aliasesJSON is the "aliases" object of a new concrete index for name.
+func aliasesJSON(name string) string {
+	n, _ := json.Marshal(name)
+	w, _ := json.Marshal(WriteAlias(name))
+	rd, _ := json.Marshal(ReadAlias(name))
+	return string(w) + `:{"is_write_index":true},` + string(n) + `:{"filter":` + ReadFilter + `},` + string(rd) + `:{"filter":` + ReadFilter + `}`
+}
+
+// checkAliases verifies the aliases on index and, in one atomic _aliases
+// request, adds the missing ones and gives name the read filter (the
+// upgrade from the layout where name was the unfiltered write alias). An
+// "add" of an existing alias replaces its definition, so searches on name
+// never find it missing. Anything else shaped differently is refused.
+func checkAliases(ctx context.Context, es *elasticsearch.Client, name, index string) (bool, error) {
+	write, read := WriteAlias(name), ReadAlias(name)
+	raw, err := perform(ctx, es, "get aliases", esapi.IndicesGetAliasRequest{Index: []string{index}})
 	if err != nil {
 		return false, err
 	}
@@ -254,18 +305,34 @@ func checkAliases(ctx context.Context, es *elasticsearch.Client, name string, ta
 	if err := json.Unmarshal(raw, &got); err != nil {
 		return false, fmt.Errorf("indexer: get aliases: %w", err)
 	}
-	if w := got[index].Aliases[name].IsWriteIndex; w != nil && !*w {
-		return false, &IncompatibleError{name, "the alias is not a write alias (is_write_index is false on " + index + ")"}
+	have := got[index].Aliases
+	var actions []string
+	add := func(alias, def string) {
+		ix, _ := json.Marshal(index)
+		a, _ := json.Marshal(alias)
+		actions = append(actions, `{"add":{"index":`+string(ix)+`,"alias":`+string(a)+def+`}}`)
 	}
-	if !haveRead {
-		return false, addAliases(ctx, es, index, "", read, true)
+	switch w, ok := have[write]; {
+	case !ok:
+		add(write, `,"is_write_index":true`)
+	case w.IsWriteIndex != nil && !*w.IsWriteIndex:
+		return false, &IncompatibleError{name, write + " is not a write alias (is_write_index is false on " + index + ")"}
+	case len(w.Filter) > 0:
+		return false, &IncompatibleError{name, write + " has filter " + string(w.Filter) + "; outboxd writes and reads tombstones through it, so it must have none"}
 	}
-	ra, ok := got[index].Aliases[read]
-	if !ok {
-		return false, &IncompatibleError{name, read + " exists but does not cover " + index + ", the index behind " + name}
+	for _, alias := range []string{name, read} {
+		a, ok := have[alias]
+		switch {
+		case ok && jsonEqual(a.Filter, []byte(ReadFilter)):
+		case !ok, alias == name && len(a.Filter) == 0:
+			add(alias, `,"filter":`+ReadFilter)
+		default:
+			return false, &IncompatibleError{name, alias + " has filter " + string(a.Filter) + "; outboxd needs " + ReadFilter + " so tombstones stay hidden"}
+		}
 	}
-	if !jsonEqual(ra.Filter, []byte(ReadFilter)) {
-		return false, &IncompatibleError{name, read + " has filter " + string(ra.Filter) + "; outboxd needs " + ReadFilter + " so tombstones stay hidden"}
+	if len(actions) > 0 {
+		_, err := perform(ctx, es, "update aliases", esapi.IndicesUpdateAliasesRequest{Body: strings.NewReader(`{"actions":[` + strings.Join(actions, ",") + `]}`)})
+		return false, err
 	}
 	// Harmless when present; adds the fields to an index made by hand.
 	fields, _ := json.Marshal(map[string]any{"properties": outboxdFields})
@@ -314,4 +381,54 @@ func (s *Sink) forget(name string) {
 		return
 	}
 	s.mu.Unlock()
+}
+
+// ErrNoIndex is returned by MigrateLayout for a name with nothing behind it.
+var ErrNoIndex = errors.New("indexer: no index or alias of that name")
+
+// MigrateLayout upgrades the existing index name to the current layout
+// (see Bootstrap) and reports whether it changed anything. Unlike
+// Bootstrap it never creates an index.
+func MigrateLayout(ctx context.Context, es *elasticsearch.Client, name string) (changed bool, err error) {
+	if err := checkName(name); err != nil {
+		return false, err
+	}
+	write, first := WriteAlias(name), FirstIndex(name)
+	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
+		Name:              []string{name, write, first},
+		ExpandWildcards:   "all",
+		IgnoreUnavailable: &ptrTrue,
+	})
+	if err != nil {
+		return false, err
+	}
+	var r resolved
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return false, fmt.Errorf("indexer: resolve index: %w", err)
+	}
+	if r.alias(name) == nil && r.alias(write) == nil && !r.index(first) && !r.index(name) {
+		return false, fmt.Errorf("%w: %q", ErrNoIndex, name)
+	}
+	body, err := indexBody(nil)
+	if err != nil {
+		return false, err
+	}
+	for range 5 {
+		done, err := bootstrapStep(ctx, es, name, body)
+		if err != nil || done {
+			return changed, err
+		}
+		changed = true
+	}
+	return changed, fmt.Errorf("indexer: migrate %q: the indices kept changing; try again", name)
+}
+
+// CheckName is checkName for the operator tools in indexer/repair: a
+// backfill refuses an index name before it reads a row.
+func CheckName(name string) error { return checkName(name) }
+
+// WriteTarget is writeTarget for the operator tools in indexer/repair,
+// which resolve the name an operator gives to the index behind it.
+func WriteTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
+	return writeTarget(ctx, es, name)
 }

@@ -3,6 +3,7 @@ package indexer
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +15,7 @@ import (
 func TestBootstrap(t *testing.T) {
 	t.Parallel()
 
-	t.Run("bootstrap run concurrently and again creates the index and both aliases once", func(t *testing.T) {
+	t.Run("bootstrap run concurrently and again creates the index and its three aliases once", func(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -34,7 +35,7 @@ func TestBootstrap(t *testing.T) {
 		if err := Bootstrap(ctx, es, name, nil); err != nil {
 			t.Fatalf("again: %v", err)
 		}
-		st, b := esCall(t, es, "GET", "/_alias/"+name+","+ReadAlias(name), "")
+		st, b := esCall(t, es, "GET", "/_alias/"+name+","+WriteAlias(name)+","+ReadAlias(name), "")
 		if st != 200 {
 			t.Fatalf("aliases: %d %s", st, b)
 		}
@@ -42,7 +43,7 @@ func TestBootstrap(t *testing.T) {
 			Aliases map[string]json.RawMessage `json:"aliases"`
 		}
 		_ = json.Unmarshal(b, &got)
-		if len(got) != 1 || len(got[FirstIndex(name)].Aliases) != 2 {
+		if len(got) != 1 || len(got[FirstIndex(name)].Aliases) != 3 {
 			t.Fatalf("aliases: %s", b)
 		}
 		st, b = esCall(t, es, "GET", "/"+FirstIndex(name)+"/_mapping", "")
@@ -112,7 +113,7 @@ func TestBootstrap(t *testing.T) {
 		es, name := setup(t)
 		s := newSink(t, Options{Client: es})
 		mustWrite(t, s, upsert(name, "a", 1, `{}`))
-		if st, b := esCall(t, es, "DELETE", "/"+FirstIndex(name)+"/_alias/"+name, ""); st != 200 {
+		if st, b := esCall(t, es, "DELETE", "/"+FirstIndex(name)+"/_alias/"+WriteAlias(name), ""); st != 200 {
 			t.Fatalf("remove alias: %d %s", st, b)
 		}
 		out := mustWrite(t, s, upsert(name, "b", 1, `{}`))
@@ -122,8 +123,81 @@ func TestBootstrap(t *testing.T) {
 		if got := statuses(mustWrite(t, s, upsert(name, "b", 1, `{}`))); got != "applied" {
 			t.Fatalf("after re-bootstrap: %s", got)
 		}
-		if st, _ := esCall(t, es, "GET", "/_alias/"+name, ""); st != 200 {
+		if st, _ := esCall(t, es, "GET", "/_alias/"+WriteAlias(name), ""); st != 200 {
 			t.Fatalf("alias not recreated: %d", st)
+		}
+	})
+
+	t.Run("a name that is another index's read alias or concrete index is refused and nothing is written", func(t *testing.T) {
+		t.Parallel()
+		es, name := setup(t)
+		s := newSink(t, Options{Client: es})
+		mustWrite(t, s, upsert(name, "1", 1, `{"owner":"x"}`))
+		for _, derived := range []string{ReadAlias(name), FirstIndex(name), name + "-write"} {
+			err := Bootstrap(context.Background(), es, derived, nil)
+			var ne *NameError
+			if !errors.As(err, &ne) || !strings.Contains(err.Error(), "reserves") || !strings.Contains(err.Error(), `index "`+name+`"`) {
+				t.Errorf("bootstrap %s: %v, want a NameError naming %s", derived, err, name)
+			}
+			out := mustWrite(t, s, upsert(derived, "1", 5, `{"owner":"intruder"}`))
+			if out[0].Status != outbox.Rejected || !strings.Contains(out[0].Reason, "index_name") {
+				t.Errorf("write to %s: %+v, want rejected", derived, out)
+			}
+		}
+		if d := getDoc(t, es, name, "1"); string(d.Source) != `{"owner":"x"}` {
+			t.Fatalf("%s/_doc/1 is now %s", name, d.Source)
+		}
+	})
+
+	t.Run("an alias that already points at another outboxd index is refused naming both", func(t *testing.T) {
+		t.Parallel()
+		es, owner := setup(t)
+		if err := Bootstrap(context.Background(), es, owner, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct{ what, alias string }{
+			{"write alias", "w"},
+			{"read alias", "r"},
+		} {
+			_, name := setup(t)
+			alias := name
+			if c.alias == "r" {
+				alias = ReadAlias(name)
+			}
+			if st, b := esCall(t, es, "PUT", "/"+FirstIndex(owner)+"/_alias/"+alias, ""); st != 200 {
+				t.Fatalf("%s: add alias: %d %s", c.what, st, b)
+			}
+			err := Bootstrap(context.Background(), es, name, nil)
+			if !IsIncompatible(err) || !strings.Contains(err.Error(), alias+" already points at "+FirstIndex(owner)) || !strings.Contains(err.Error(), `outboxd index "`+owner+`"`) {
+				t.Errorf("%s: got %v, want a refusal naming %s and %s", c.what, err, alias, owner)
+			}
+			if st, _ := esCall(t, es, "HEAD", "/"+FirstIndex(name), ""); st != 404 {
+				t.Errorf("%s: %s was created: %d", c.what, FirstIndex(name), st)
+			}
+		}
+		// A bootstrapped index whose read alias was also added to owner's index.
+		_, name := setup(t)
+		if err := Bootstrap(context.Background(), es, name, nil); err != nil {
+			t.Fatal(err)
+		}
+		if st, b := esCall(t, es, "PUT", "/"+FirstIndex(owner)+"/_alias/"+ReadAlias(name), ""); st != 200 {
+			t.Fatalf("add alias: %d %s", st, b)
+		}
+		err := Bootstrap(context.Background(), es, name, nil)
+		if !IsIncompatible(err) || !strings.Contains(err.Error(), ReadAlias(name)+" already points at "+FirstIndex(owner)) {
+			t.Errorf("a read alias spanning two indexes: got %v, want a refusal naming %s", err, FirstIndex(owner))
+		}
+		st, b := esCall(t, es, "GET", "/"+FirstIndex(owner)+"/_alias", "")
+		if st != 200 || strings.Count(string(b), `-read"`) != 3 {
+			t.Fatalf("aliases of %s changed by the refused bootstraps: %s", FirstIndex(owner), b)
+		}
+	})
+
+	t.Run("every name bootstrap derives is reserved", func(t *testing.T) {
+		for _, n := range []string{FirstIndex("x"), ReadAlias("x")} {
+			if outbox.ReservedSuffix(n) == "" {
+				t.Errorf("%s is derived by bootstrap but not in relay's reserved suffixes", n)
+			}
 		}
 	})
 

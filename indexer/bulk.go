@@ -26,11 +26,13 @@ func putBody(b *[]byte) {
 	bodyPool.Put(b)
 }
 
-// appendAction appends one bulk "index" action line; the caller appends
-// the source line.
+// appendAction appends one bulk "index" action line addressed to the write
+// alias of index; the caller appends the source line.
 func appendAction(b []byte, index, id string, version int64, vt versionType) []byte {
 	b = append(b, `{"index":{"_index":`...)
+	// index's write alias (WriteAlias), without building the string
 	b = appendString(b, index)
+	b = append(append(b[:len(b)-1], writeSuffix...), '"')
 	b = append(b, `,"_id":`...)
 	b = appendString(b, id)
 	b = append(b, `,"version":`...)
@@ -102,9 +104,11 @@ type bulkResponse struct {
 // BulkItem is one item of a _bulk answer, for the sink and for the
 // operator tools in indexer/repair alike.
 type BulkItem struct {
-	Status  int      `json:"status"`
-	Version int64    `json:"_version"`
-	Error   *ESError `json:"error"`
+	Status      int      `json:"status"`
+	Version     int64    `json:"_version"`
+	SeqNo       int64    `json:"_seq_no"`
+	PrimaryTerm int64    `json:"_primary_term"`
+	Error       *ESError `json:"error"`
 }
 
 // Reason is the item's error as "type: reason", or its status when the

@@ -9,7 +9,7 @@ import (
 func TestBulkBody(t *testing.T) {
 	t.Parallel()
 
-	t.Run("an action line is valid JSON with escaped id and external version", func(t *testing.T) {
+	t.Run("an action line is valid JSON addressed to the write alias, with escaped id and external version", func(t *testing.T) {
 		b := appendAction(nil, "idx", "a\"b\\c\né", 7, external)
 		var a struct {
 			Index struct {
@@ -25,7 +25,7 @@ func TestBulkBody(t *testing.T) {
 		if err := json.Unmarshal(b, &a); err != nil {
 			t.Fatalf("%s: %v", b, err)
 		}
-		if a.Index.Index != "idx" || a.Index.ID != "a\"b\\c\né" || a.Index.Version != 7 || a.Index.VersionType != "external" {
+		if a.Index.Index != "idx-write" || a.Index.ID != "a\"b\\c\né" || a.Index.Version != 7 || a.Index.VersionType != "external" {
 			t.Fatalf("%+v", a)
 		}
 		if b := appendAction(nil, "i", "x", 1, externalGTE); !strings.Contains(string(b), `"version_type":"external_gte"`) {

@@ -3,15 +3,19 @@
 //
 // # Layout in Elasticsearch
 //
-// An event's index name N is a write alias pointing at one concrete index
-// N-000001 (is_write_index). N-read is a read alias over the same index,
-// filtered with ReadFilter so tombstones never show up. Searchers query
-// N-read. Callers that GET a document by id from N (or N-000001) must
-// treat a document with "outboxd_deleted": true as absent. Bootstrap
-// creates all three on first use and refuses, changing nothing, an N that
-// is a concrete index, an alias over several indices (versions are only
-// compared within one index, so rollover is not supported) or an N-read
-// with another filter.
+// An event's index name N is what applications search: a filtered alias
+// (ReadFilter) over one concrete index N-000001, so tombstones never show
+// up in a search, count or aggregation on N. outboxd writes and reads
+// tombstones through the unfiltered write alias N-write (is_write_index);
+// N-read is the filtered view under the name earlier releases searched.
+// GET and _mget ignore alias filters: a GET of a deleted id on N returns
+// its tombstone, which callers treat as absent. Bootstrap creates the
+// index and the three aliases on first use, upgrades the layout of
+// earlier releases (N the unfiltered write alias) in place with one atomic
+// _aliases request, and refuses, changing nothing, an N that is a concrete
+// index, an alias over several indices (versions are only compared within
+// one index, so rollover is not supported), an alias of the layout
+// pointing at another index, or an N-read with another filter.
 //
 // # Versions
 //
@@ -38,19 +42,22 @@
 // # Outcomes
 //
 // Write returns one outbox.Outcome per event: 200/201 Applied; version
-// conflicts Stale; 429, 408, 5xx, timeouts and connection errors of some
-// requests Retry (whole requests answered 408, 429 or 5xx, and connections
-// that failed, carry Outage: the cluster's fault, retried by the relay
-// without charging the events); 400 (mapping and parse errors) and
-// malformed events
-// Rejected with Elasticsearch's error type and reason (the document itself
-// is not echoed, include_source_on_error=false, though Elasticsearch may
-// quote a short preview of the offending field). A whole request answered 400 or
-// 413 is halved until the bad event stands alone, so one bad event never
-// rejects its neighbours. When no request reached Elasticsearch, or the
-// whole request was refused for 401/403/404 (credentials, proxy path),
-// Write returns an *UnavailableError and no outcomes: that is the sink's
-// fault, not the events', and the relay retries without counting attempts.
+// conflicts Stale; 429, 408, 5xx items Retry; 400 items (mapping and
+// parse errors) and malformed events Rejected with Elasticsearch's error
+// type and reason (the document itself is not echoed:
+// include_source_on_error=false on servers from 8.18, which the sink
+// detects once; Elasticsearch may quote a short preview of the offending
+// field). A bulk request that fails as a whole (any HTTP error, a timeout,
+// a reset connection) is judged by a one-item probe that writes nothing
+// (probe.go): if the probe fails too, the cluster or the configuration is
+// at fault and the events get Retry with Outage (408, 429, 5xx, no
+// connection), or Write returns a *ConfigError (400, 401, 403, 404: a
+// parameter, credentials, a proxy path); if it passes, the request is
+// halved until the event that fails alone is found, which is Rejected
+// (400, 413) or charged a Retry, so one event never stalls its stream.
+// When no request reached Elasticsearch Write returns an *UnavailableError;
+// with either error there are no outcomes, and the relay retries without
+// counting attempts.
 // Within one Write, several events of one document are deduplicated: only
 // the highest version (the later one on a tie) is sent; the others get its
 // outcome, Applied becoming Stale, except that when it is Rejected they are

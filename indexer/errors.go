@@ -70,3 +70,25 @@ type NameError struct {
 func (e *NameError) Error() string {
 	return fmt.Sprintf("indexer: index_name %q: %s", e.Name, e.Reason)
 }
+
+// ConfigError is returned by Sink.Write when Elasticsearch refuses even a
+// tiny request of the sink's own making: bad credentials, a proxy that
+// blocks the path, a query parameter the server does not know, an index
+// spec it will not create, a server version outboxd does not support. No
+// event is at fault, so none is rejected; the relay keeps retrying the
+// batch (paused, with this reason) until the configuration is fixed.
+type ConfigError struct {
+	Err error
+}
+
+func (e *ConfigError) Error() string {
+	return "indexer: Elasticsearch refuses the sink's requests (a configuration problem, not the events'): " + e.Err.Error()
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// IsConfig reports whether err is a *ConfigError.
+func IsConfig(err error) bool {
+	var e *ConfigError
+	return errors.As(err, &e)
+}

@@ -31,6 +31,16 @@ type faultProxy struct {
 	mu          sync.Mutex
 	reject      func(id string) bool // bulk items answered 429 instead of being forwarded
 	rejected    []string
+
+	// refusePayload answers 403, as a proxy's filter would, every bulk
+	// whose body contains it.
+	refusePayload atomic.Pointer[string]
+	// An older Elasticsearch: node info names fakeVersion, and bulk refuses
+	// include_source_on_error with a 400 as before 8.18 (refuseSourceParam).
+	fakeVersion       atomic.Pointer[string]
+	refuseSourceParam atomic.Bool
+	maxBulk           atomic.Int64 // largest bulk body with more than one item
+	forbidInfo        atomic.Bool  // 403 to node info and GET /, as for write-only credentials
 }
 
 func newFaultProxy(t *testing.T) *faultProxy {
@@ -49,8 +59,28 @@ func newFaultProxy(t *testing.T) *faultProxy {
 			}
 			return
 		}
+		if p.forbidInfo.Load() && (r.URL.Path == "/" || strings.HasPrefix(r.URL.Path, "/_nodes")) {
+			w.Header().Set("X-Elastic-Product", "Elasticsearch")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			io.WriteString(w, `{"error":{"type":"security_exception","reason":"action [cluster:monitor/nodes/info] is unauthorized"},"status":403}`)
+			return
+		}
+		if v := p.fakeVersion.Load(); v != nil && strings.HasPrefix(r.URL.Path, "/_nodes") {
+			w.Header().Set("X-Elastic-Product", "Elasticsearch")
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"nodes":{"n1":{"version":"`+*v+`"}}}`)
+			return
+		}
 		if !strings.HasSuffix(r.URL.Path, "/_bulk") {
 			rp.ServeHTTP(w, r)
+			return
+		}
+		if p.refuseSourceParam.Load() && r.URL.Query().Has("include_source_on_error") {
+			w.Header().Set("X-Elastic-Product", "Elasticsearch")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":{"root_cause":[{"type":"illegal_argument_exception","reason":"request [/_bulk] contains unrecognized parameter: [include_source_on_error]"}],"type":"illegal_argument_exception","reason":"request [/_bulk] contains unrecognized parameter: [include_source_on_error]"},"status":400}`)
 			return
 		}
 		if p.throttleAll.Add(-1) >= 0 {
@@ -70,6 +100,19 @@ func newFaultProxy(t *testing.T) *faultProxy {
 // into the answer where the others were.
 func (p *faultProxy) bulk(w http.ResponseWriter, r *http.Request, rp *httputil.ReverseProxy) {
 	body, _ := io.ReadAll(r.Body)
+	if bytes.Count(body, []byte("\n")) > 2 {
+		for n := int64(len(body)); ; {
+			m := p.maxBulk.Load()
+			if n <= m || p.maxBulk.CompareAndSwap(m, n) {
+				break
+			}
+		}
+	}
+	if s := p.refusePayload.Load(); s != nil && bytes.Contains(body, []byte(*s)) {
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, "<html><body>403 Forbidden: request blocked by policy</body></html>")
+		return
+	}
 	var kept bytes.Buffer
 	var dropped []bool
 	sc := bufio.NewScanner(bytes.NewReader(body))
@@ -199,17 +242,18 @@ func TestSinkFaults(t *testing.T) {
 		}
 	})
 
-	t.Run("a whole bulk answered 429 is retried as an outage that never uses up the events' attempts", func(t *testing.T) {
+	t.Run("a whole bulk answered 429 while every request is refused is an outage that never uses up the events' attempts", func(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		p := newFaultProxy(t)
 		s := newSink(t, Options{Client: client(t, p.URL)})
 		mustWrite(t, s, upsert(name, "warm", 1, `{}`)) // bootstrap outside the fault
-		p.throttleAll.Store(1)
+		p.throttleAll.Store(1000)
 		out := mustWrite(t, s, upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`))
 		if got := statuses(out); got != "retry retry" || !strings.Contains(out[0].Reason, "es_rejected_execution_exception") || !out[0].Outage || !out[1].Outage {
 			t.Fatalf("got %s %+v", got, out)
 		}
+		p.throttleAll.Store(0)
 		if got := statuses(mustWrite(t, s, upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`))); got != "applied applied" {
 			t.Fatalf("second attempt: %s", got)
 		}

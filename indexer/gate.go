@@ -154,7 +154,7 @@ func (s *Sink) stored(ctx context.Context, index string, events []outbox.Event, 
 	}
 	b = append(b, "]}"...)
 	body, err := perform(ctx, s.es, "mget", esapi.MgetRequest{
-		Index:      index,
+		Index:      WriteAlias(index),
 		Body:       bytes.NewReader(b),
 		FilterPath: []string{"docs.found", "docs._version", "docs._source"},
 	})

@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -10,20 +11,29 @@ import (
 // wherever they come from (the fields or a URL's userinfo).
 func TestGuaranteeClientConfigStringRedactsSecrets(t *testing.T) {
 	// Not parallel: a subtest sets the environment.
-	for _, c := range []ClientConfig{
-		{Addresses: []string{"https://elastic:pw-url-secret@es1:9200", "http://es2:9200"}},
-		{Addresses: []string{"http://es:9200"}, Username: "elastic", Password: "pw-field-secret"},
-		{Addresses: []string{"http://es:9200"}, APIKey: "apikey-secret"},
-		{Addresses: []string{"http://u:pw-url-secret@es:9200/"}, Username: "u", Password: "pw-field-secret", APIKey: "apikey-secret"},
+	for _, c := range []struct {
+		cfg   ClientConfig
+		nodes []string // what must still name the nodes
+	}{
+		{ClientConfig{Addresses: []string{"https://elastic:pw-url-secret@es1:9200", "http://es2:9200"}}, []string{"@es1:9200", "http://es2:9200"}},
+		{ClientConfig{Addresses: []string{"http://es:9200"}, Username: "elastic", Password: "pw-field-secret"}, []string{"http://es:9200", "elastic"}},
+		{ClientConfig{Addresses: []string{"http://es:9200"}, APIKey: "apikey-secret"}, []string{"http://es:9200"}},
+		{ClientConfig{Addresses: []string{"http://u:pw-url-secret@es:9200/"}, Username: "u", Password: "pw-field-secret", APIKey: "apikey-secret"}, []string{"@es:9200"}},
 	} {
-		s := c.String()
-		for _, secret := range []string{"pw-url-secret", "pw-field-secret", "apikey-secret"} {
+		s := c.cfg.String()
+		secrets := configSecrets(t, c.cfg)
+		if len(secrets) == 0 {
+			t.Fatalf("test case %+v holds no secret", c.cfg)
+		}
+		for _, secret := range secrets {
 			if strings.Contains(s, secret) {
 				t.Errorf("ClientConfig.String() = %q leaks %q", s, secret)
 			}
 		}
-		if !strings.Contains(s, "es") {
-			t.Errorf("ClientConfig.String() = %q no longer names the nodes", s)
+		for _, node := range c.nodes {
+			if !strings.Contains(s, node) {
+				t.Errorf("ClientConfig.String() = %q no longer shows %q", s, node)
+			}
 		}
 	}
 	// Setting the same config from the environment must not change that.
@@ -35,8 +45,40 @@ func TestGuaranteeClientConfigStringRedactsSecrets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := c.String(); strings.Contains(s, "pw-env-url") || strings.Contains(s, "pw-env-field") || !strings.Contains(s, "127.0.0.1:9200") {
-			t.Fatalf("ClientConfig.String() = %q", s)
+		secrets := configSecrets(t, c)
+		if len(secrets) != 2 {
+			t.Fatalf("the config from the environment holds %d secrets, want the URL's and the password", len(secrets))
+		}
+		s := c.String()
+		for _, secret := range secrets {
+			if strings.Contains(s, secret) {
+				t.Errorf("ClientConfig.String() = %q leaks %q", s, secret)
+			}
+		}
+		if !strings.Contains(s, "127.0.0.1:9200") {
+			t.Errorf("ClientConfig.String() = %q no longer shows the node", s)
 		}
 	})
+}
+
+// configSecrets are the values c must never show: its password, API key
+// and the passwords in its addresses' userinfo.
+func configSecrets(t *testing.T, c ClientConfig) []string {
+	t.Helper()
+	var out []string
+	for _, v := range []string{c.Password, c.APIKey} {
+		if v != "" {
+			out = append(out, v)
+		}
+	}
+	for _, a := range c.Addresses {
+		u, err := url.Parse(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, ok := u.User.Password(); ok {
+			out = append(out, p)
+		}
+	}
+	return out
 }

@@ -125,11 +125,12 @@ func refresh(t testing.TB, es *elasticsearch.Client, name string) {
 	}
 }
 
-// searchRead returns every document visible through the read alias.
+// searchRead returns every document visible through the name N itself,
+// the view applications search.
 func searchRead(t testing.TB, es *elasticsearch.Client, name string) map[string]json.RawMessage {
 	t.Helper()
 	refresh(t, es, name)
-	st, b := esCall(t, es, "POST", "/"+ReadAlias(name)+"/_search", `{"size":10000,"query":{"match_all":{}}}`)
+	st, b := esCall(t, es, "POST", "/"+name+"/_search", `{"size":10000,"query":{"match_all":{}}}`)
 	if st != 200 {
 		t.Fatalf("search: %d %s", st, b)
 	}

@@ -12,8 +12,9 @@ import (
 )
 
 // ManagedIndexes lists the index names outboxd manages on this cluster:
-// those whose concrete index carries both the write alias N and the read
-// alias N-read. An unrelated alias that merely ends in -read is not one.
+// those whose concrete index carries the alias N beside N-write (or beside
+// N-read, the layout of older releases). An unrelated alias that merely
+// ends in -write or -read is not one.
 func ManagedIndexes(ctx context.Context, es *elasticsearch.Client) ([]string, error) {
 	res, err := es.Indices.GetAlias(es.Indices.GetAlias.WithContext(ctx))
 	if err != nil {
@@ -35,10 +36,13 @@ func ManagedIndexes(ctx context.Context, es *elasticsearch.Client) ([]string, er
 	seen := map[string]bool{}
 	for _, idx := range body {
 		for a := range idx.Aliases {
-			if n, ok := strings.CutSuffix(a, "-read"); ok {
-				if _, write := idx.Aliases[n]; write {
-					seen[n] = true
-				}
+			// N-write beside N, or N beside N-read (older releases)
+			n, ok := strings.CutSuffix(a, writeSuffix)
+			if !ok {
+				n, ok = strings.CutSuffix(a, "-read")
+			}
+			if _, base := idx.Aliases[n]; ok && base {
+				seen[n] = true
 			}
 		}
 	}

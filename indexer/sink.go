@@ -42,6 +42,9 @@ type Sink struct {
 
 	mu   sync.Mutex
 	boot map[string]*bootEntry
+
+	verMu sync.Mutex
+	ver   serverVersion // zero until detected
 }
 
 type bootEntry struct {
@@ -101,14 +104,18 @@ func orDefault(v, d int) int {
 
 // write is the state of one Write call.
 type write struct {
-	events    []outbox.Event
-	out       []outbox.Outcome
-	deletedAt string
+	events        []outbox.Event
+	out           []outbox.Outcome
+	deletedAt     string
+	sourceOnError bool // the server takes include_source_on_error
+
+	probeMu sync.Mutex
+	probed  probeResult
 
 	mu        sync.Mutex
 	reached   bool   // some request got an answer from Elasticsearch
 	unreached error  // the last request that did not
-	refused   error  // a whole request refused for the sink's own fault
+	refused   error  // even the probe refused for the sink's own fault
 	equal     []int  // strict-external conflicts at the event's own version (see gate.go)
 	resent    []bool // by position: re-sent with external_gte in this Write
 	missing   map[string]bool
@@ -128,12 +135,18 @@ func (w *write) unreachable(err error) {
 
 // Write sends events as bulk requests, several in flight, and returns one
 // Outcome per event, in order. It returns an *UnavailableError, and no
-// outcomes, when no request reached Elasticsearch.
+// outcomes, when no request reached Elasticsearch, and a *ConfigError when
+// Elasticsearch refuses the sink's requests whatever they carry.
 func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
+	v, err := s.version(ctx)
+	if err != nil {
+		return nil, err
+	}
 	w := &write{
-		events:    events,
-		out:       make([]outbox.Outcome, len(events)),
-		deletedAt: s.now().UTC().Format("2006-01-02T15:04:05.000Z"),
+		events:        events,
+		out:           make([]outbox.Outcome, len(events)),
+		deletedAt:     s.now().UTC().Format("2006-01-02T15:04:05.000Z"),
+		sourceOnError: v.sourceOnErrorParam(),
 	}
 	pending := s.admit(ctx, w)
 	for len(pending) > 0 {
@@ -165,7 +178,8 @@ func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outco
 		return nil, err
 	}
 	if w.refused != nil {
-		return nil, &UnavailableError{Err: w.refused}
+		s.forgetVersion() // the server may have been replaced by an older one
+		return nil, &ConfigError{Err: w.refused}
 	}
 	if !w.reached && w.unreached != nil {
 		return nil, &UnavailableError{Err: w.unreached}
@@ -211,11 +225,17 @@ func bootstrapOutcome(w *write, err error) outbox.Outcome {
 		return outbox.Outcome{Status: outbox.Rejected, Reason: err.Error()}
 	case errors.As(err, &re):
 		w.answered()
-		if re.Status == http.StatusBadRequest {
+		if re.Status == http.StatusBadRequest && re.Type == "invalid_index_name_exception" {
 			return outbox.Outcome{Status: outbox.Rejected, Reason: err.Error()}
 		}
-		// 401/403/404 (credentials, a proxy path), 408, 429, 5xx: the
-		// cluster's or the configuration's fault, never the events'.
+		if re.Status != 408 && re.Status != 429 && re.Status < 500 {
+			// An index spec the server will not create, a shard limit,
+			// credentials, a proxy path: the configuration's fault, and
+			// every event of the index would share it.
+			w.mu.Lock()
+			w.refused = err
+			w.mu.Unlock()
+		}
 		return outbox.Outcome{Status: outbox.Retry, Reason: err.Error(), Outage: true}
 	}
 	w.unreachable(err)
@@ -327,30 +347,42 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 		b = append(b, '\n')
 	}
 	*bp = b
+	if len(b) > s.maxBytes && len(items) > 1 {
+		// sendAll's estimate fell short (escaped ids, tombstones): the cap
+		// is a promise to proxies and http.max_content_length, keep it.
+		h := len(items) / 2
+		s.send(ctx, w, items[:h], vt)
+		s.send(ctx, w, items[h:], vt)
+		return
+	}
 
 	started := time.Now()
 	req := esapi.BulkRequest{
-		Body:                 bytes.NewReader(b),
-		FilterPath:           bulkFilterPath,
-		RequireAlias:         &ptrTrue,  // never auto-create a concrete index named like the alias
-		IncludeSourceOnError: &ptrFalse, // documents may hold personal data; keep them out of reasons and logs
+		Body:         bytes.NewReader(b),
+		FilterPath:   bulkFilterPath,
+		RequireAlias: &ptrTrue, // never auto-create a concrete index named like the alias
+	}
+	if w.sourceOnError {
+		// Documents may hold personal data; keep them out of reasons and
+		// logs. Servers before 8.18 refuse the parameter (and do not add
+		// the source to errors).
+		req.IncludeSourceOnError = &ptrFalse
 	}
 	res, err := req.Do(ctx, s.es)
 	if err != nil {
 		s.observe("unreachable", started)
-		w.unreachable(err)
-		s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: "bulk request: " + err.Error(), Outage: true})
+		s.failed(ctx, w, items, vt, requestFailure{err: fmt.Errorf("bulk request: %w", err)})
 		return
 	}
 	rb := getBody()
 	defer putBody(rb)
 	body, err := readAll(res, rb)
-	w.answered()
 	switch {
 	case err != nil:
 		s.observe("unreachable", started)
-		s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: "bulk response: " + err.Error(), Outage: true})
+		s.failed(ctx, w, items, vt, requestFailure{err: fmt.Errorf("bulk response: %w", err)})
 	case res.StatusCode == http.StatusOK:
+		w.answered()
 		if allSucceeded(body) {
 			s.observe("ok", started)
 			s.settleAll(w, items, outbox.Outcome{Status: outbox.Applied})
@@ -358,30 +390,9 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 		}
 		s.observe("item_errors", started)
 		s.settleItems(w, items, body)
-	case (res.StatusCode == http.StatusBadRequest || res.StatusCode == http.StatusRequestEntityTooLarge) && len(items) > 1:
-		// One bad item failed the whole request; halve until it is alone.
-		s.observe("http_error", started)
-		h := len(items) / 2
-		s.send(ctx, w, items[:h], vt)
-		s.send(ctx, w, items[h:], vt)
 	default:
 		s.observe("http_error", started)
-		re := responseError("bulk", res.StatusCode, body)
-		// A whole request refused with 408, 429 or 5xx is the cluster's
-		// state (overloaded, recovering, no master), not the events'.
-		o := outbox.Outcome{Status: outbox.Retry, Reason: re.Error(), Outage: true}
-		switch {
-		case res.StatusCode == http.StatusBadRequest || res.StatusCode == http.StatusRequestEntityTooLarge:
-			o = outbox.Outcome{Status: outbox.Rejected, Reason: re.Error()}
-		case res.StatusCode != 429 && res.StatusCode != 408 && res.StatusCode < 500:
-			// 401, 403, 404 of the whole request: the sink is misconfigured
-			// (credentials, proxy path), not the events; never dead-letter
-			// a backlog for it.
-			w.mu.Lock()
-			w.refused = re
-			w.mu.Unlock()
-		}
-		s.settleAll(w, items, o)
+		s.failed(ctx, w, items, vt, requestFailure{status: res.StatusCode, err: responseError("bulk", res.StatusCode, body)})
 	}
 }
 

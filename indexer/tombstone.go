@@ -25,8 +25,9 @@ const (
 // body at a time.
 const purgePage = 1000
 
-// PurgeTombstones deletes the tombstones of the write alias name that are
-// older than olderThan, and returns how many it deleted.
+// PurgeTombstones deletes the tombstones of index name N (seen through
+// N-write, which unlike N shows them) that are older than olderThan, and
+// returns how many it deleted.
 //
 // Each delete is conditional on the tombstone being unchanged since the
 // search (if_seq_no + if_primary_term): a document written since, at any
@@ -41,6 +42,10 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 	if olderThan < 0 {
 		return 0, fmt.Errorf("indexer: purge: older_than: must not be negative, got %s", olderThan)
 	}
+	target, err := writeTarget(ctx, es, name)
+	if err != nil {
+		return 0, err
+	}
 	cutoff := time.Now().Add(-olderThan).UTC().Format("2006-01-02T15:04:05.000Z")
 	query := `{"size":` + strconv.Itoa(purgePage) + `,"_source":false,"version":true,"seq_no_primary_term":true,"sort":["_doc"],` +
 		`"query":{"bool":{"filter":[{"term":{"` + TombstoneField + `":true}},{"range":{"` + TombstoneAtField + `":{"lt":"` + cutoff + `"}}}]}}}`
@@ -50,7 +55,7 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 	// snapshot.
 	filter := []string{"_scroll_id", "hits.hits._index", "hits.hits._id", "hits.hits._version", "hits.hits._seq_no", "hits.hits._primary_term"}
 	raw, err := perform(ctx, es, "purge: search tombstones", esapi.SearchRequest{
-		Index:      []string{name},
+		Index:      []string{target},
 		Body:       strings.NewReader(query),
 		Scroll:     time.Minute,
 		FilterPath: filter,

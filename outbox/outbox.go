@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,8 +55,6 @@ type ValidationError struct {
 
 func (e *ValidationError) Error() string { return "outboxd: " + e.Field + ": " + e.Reason }
 
-var indexNameRE = regexp.MustCompile(`^[^_+A-Z\\/*?"<>|,# :\-][^A-Z\\/*?"<>|,# :]*$`)
-
 // Validate checks e against the same rules as the SQL append function.
 func Validate(e *Event) error {
 	switch {
@@ -73,16 +70,10 @@ func Validate(e *Event) error {
 		return &ValidationError{"document", "an upsert needs a JSON object"}
 	case e.Op == OpDelete && len(e.Document) > 0 && string(e.Document) != "null":
 		return &ValidationError{"document", "a delete must not carry a document"}
-	case e.IndexName == "":
-		return &ValidationError{"index_name", "must not be empty"}
-	case len(e.IndexName) > 255:
-		return &ValidationError{"index_name", fmt.Sprintf("%d bytes, Elasticsearch allows at most 255", len(e.IndexName))}
-	case e.IndexName == "." || e.IndexName == ".." || !indexNameRE.MatchString(e.IndexName):
-		return &ValidationError{"index_name", fmt.Sprintf("%q is not a valid Elasticsearch index name (lowercase; no \\ / * ? \" < > | , # : or space; must not start with _ - +)", e.IndexName)}
 	case len(e.Headers) > 0 && !isObject(e.Headers):
 		return &ValidationError{"headers", "must be a JSON object"}
 	}
-	return nil
+	return ValidateIndexName(e.IndexName)
 }
 
 func isObject(b json.RawMessage) bool {

@@ -260,8 +260,17 @@ func badGoEvents() []struct {
 		{"an index name of 256 bytes", "index_name", with(func(e *outbox.Event) { e.IndexName = strings.Repeat("i", 256) })},
 		{"the index name .", "index_name", with(func(e *outbox.Event) { e.IndexName = "." })},
 		{"the index name ..", "index_name", with(func(e *outbox.Event) { e.IndexName = ".." })},
+		{"an index name of 249 bytes", "index_name", with(func(e *outbox.Event) { e.IndexName = strings.Repeat("i", 249) })},
+		{"an index name with a non-ASCII capital", "index_name", with(func(e *outbox.Event) { e.IndexName = "Ünicode" })},
 	}
-	for _, p := range []string{"_", "-", "+"} {
+	for _, n := range []string{"x-read", "x-write", "x-000001", "x-123456"} {
+		cases = append(cases, struct {
+			name  string
+			field string
+			event outbox.Event
+		}{"the reserved index name " + n, "index_name", with(func(e *outbox.Event) { e.IndexName = n })})
+	}
+	for _, p := range []string{"_", "-", "+", "."} {
 		cases = append(cases, struct {
 			name  string
 			field string
@@ -335,7 +344,7 @@ func TestOutboxValidation(t *testing.T) {
 			}
 		}
 		for _, ev := range []outbox.Event{
-			{IndexName: strings.Repeat("i", 255), SourceID: strings.Repeat("s", 512), Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(` {"a": 1}`)},
+			{IndexName: strings.Repeat("i", outbox.MaxIndexNameBytes), SourceID: strings.Repeat("s", 512), Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(` {"a": 1}`)},
 			{IndexName: "a-b_c.d+e", SourceID: "x", Op: outbox.OpDelete},
 			{IndexName: "x", SourceID: "x", Op: outbox.OpDelete, Document: json.RawMessage(`null`), Headers: json.RawMessage(`{"k":"v"}`)},
 		} {
@@ -349,7 +358,7 @@ func TestOutboxValidation(t *testing.T) {
 		t.Parallel()
 		e := setupOutbox(t)
 		ev := upsert(strings.Repeat("s", 512), 1)
-		ev.IndexName = strings.Repeat("i", 255)
+		ev.IndexName = strings.Repeat("i", outbox.MaxIndexNameBytes)
 		if _, err := e.outbox.Append(t.Context(), e.pool, ev); err != nil {
 			t.Fatal(err)
 		}

@@ -36,9 +36,12 @@ func (s Status) String() string {
 type Outcome struct {
 	Status Status
 	Reason string // why, for Retry and Rejected
-	// Outage marks a Retry that is the sink's fault, not the event's (a
-	// whole request answered 503 or 429, a connection that failed while
-	// other requests of the same Write got through): the relay retries it
-	// with backoff without limit, never charging the event's attempts.
+	// Outage marks a Retry that is the sink's fault, not the event's (the
+	// cluster answers 503 or 429 to every request, not only to the one
+	// holding this event; a connection that failed while other requests
+	// of the same Write got through): the relay retries it with backoff
+	// without limit, never charging the event's attempts. A failure that
+	// recurs only for this event must not carry Outage, or its stream
+	// would stall behind it.
 	Outage bool
 }

@@ -222,6 +222,7 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 			d := backoff(cfg.BackoffBase, cfg.BackoffMax, sinkFailures)
 			sinkFailures++
 			w.r.log.Error("relay: sink unavailable; retrying the batch", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "err", err)
+			w.r.setPaused(name, err.Error())
 			if !sleep(ctx, d) {
 				return nil, errShutdown
 			}
@@ -275,10 +276,14 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 			d := backoff(cfg.BackoffBase, cfg.BackoffMax, sinkFailures)
 			sinkFailures++
 			w.r.log.Error("relay: sink outage; retrying without charging the events", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "reason", outage)
+			w.r.setPaused(name, outage)
 			if !sleep(ctx, d) {
 				return nil, errShutdown
 			}
 			continue
+		}
+		if sinkFailures > 0 {
+			w.r.setPaused(name, "")
 		}
 		sinkFailures = 0
 		if len(pending) > 0 {

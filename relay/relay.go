@@ -97,8 +97,9 @@ type Relay struct {
 
 	waker waker
 
-	mu   sync.Mutex
-	held map[string]context.CancelFunc // streams this process leads
+	mu     sync.Mutex
+	held   map[string]context.CancelFunc // streams this process leads
+	paused map[string]string             // stream -> why its sink fails; see Paused
 }
 
 // New checks cfg and returns a Relay; Run starts it.
@@ -289,6 +290,7 @@ func (r *Relay) lead(ctx context.Context, member, conn *pgx.Conn, s Stream) erro
 	defer func() {
 		r.mu.Lock()
 		delete(r.held, s.Name)
+		delete(r.paused, s.Name)
 		r.mu.Unlock()
 		r.metrics.leader.WithLabelValues(s.Name).Set(0)
 	}()

@@ -25,7 +25,8 @@ func DeleteAcknowledged(ctx context.Context, db outbox.DB, schemaName string, re
 	for {
 		// Acknowledged by every registered stream: visible in its done
 		// snapshot. A conservative rule that ignores bucket ranges, so an
-		// abandoned stream holds retention back (and shows in status).
+		// abandoned stream holds retention back until
+		// `outboxd streams drop` removes it (status flags it).
 		tag, err := db.Exec(ctx, `DELETE FROM `+id+`.events WHERE id IN (
 			SELECT e.id FROM `+id+`.events e
 			WHERE e.created_at < now() - make_interval(secs => $1)

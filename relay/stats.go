@@ -24,6 +24,11 @@ type StreamStats struct {
 	LeaderPID     int       `json:"leader_pid"`         // 0 when no relay leads the stream
 	LeaderClient  string    `json:"leader_client,omitempty"`
 	ProgressStale float64   `json:"progress_age_seconds"`
+	Abandoned     bool      `json:"abandoned"` // no leader and no progress for long: see MarkAbandoned
+	// Paused is why the sink fails this stream's writes as a whole (an
+	// outage, or a configuration it refuses), as seen by the relay process
+	// that reports it (see Relay.Paused); empty while events flow.
+	Paused string `json:"paused,omitempty"`
 }
 
 // DeadLetterStats summarizes parked events per index.
@@ -95,6 +100,7 @@ ORDER BY p.stream`)
 	for i, l := range leaders {
 		st.Streams[i].LeaderPID, st.Streams[i].LeaderClient = l.PID, l.Client
 	}
+	st.MarkAbandoned(DefaultAbandonedAfter)
 
 	rows, err = db.Query(ctx, `SELECT index_name, count(*),
 		(array_agg(reason ORDER BY id DESC))[1]

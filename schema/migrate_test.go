@@ -181,6 +181,46 @@ func TestMigrate(t *testing.T) {
 		}
 	})
 
+	t.Run("upgrading an outbox that holds events with now reserved index names succeeds and refuses new ones", func(t *testing.T) {
+		t.Parallel()
+		pool := schematest.Pool(t)
+		name := newSchema(t, pool, schematest.Name("t_up_"))
+		id := pgx.Identifier{name}.Sanitize()
+		ctx := t.Context()
+		// The schema as migrations 1-3 left it, with an event the later
+		// rules refuse.
+		if _, err := pool.Exec(ctx, `CREATE SCHEMA `+id+`; CREATE TABLE `+id+`.schema_migrations (
+			version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			t.Fatal(err)
+		}
+		ms, err := schema.Migrations()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms[:3] {
+			sql, err := schema.Render(m.SQL, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, sql); err != nil {
+				t.Fatalf("%s: %v", m.Name, err)
+			}
+			if _, err := pool.Exec(ctx, `INSERT INTO `+id+`.schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := pool.Exec(ctx, `SELECT `+id+`.append('items-read', 'old', 1, 'delete', NULL)`); err != nil {
+			t.Fatalf("the old rules refused items-read: %v", err)
+		}
+		if _, err := schema.Migrate(ctx, pool, name); err != nil {
+			t.Fatalf("upgrade over an event with a reserved name: %v", err)
+		}
+		_, err = pool.Exec(ctx, `INSERT INTO `+id+`.events (index_name, source_id, version, op) VALUES ('items-read', 'new', 1, 'delete')`)
+		if err == nil || !strings.Contains(err.Error(), "index_name:") {
+			t.Fatalf("a new event for items-read after the upgrade: %v, want an index_name refusal", err)
+		}
+	})
+
 	t.Run("a bad schema name is refused with a clear error and nothing is created", func(t *testing.T) {
 		t.Parallel()
 		pool := schematest.Pool(t)

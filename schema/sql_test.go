@@ -110,6 +110,13 @@ func badEvents() []badEvent {
 		{name: "an index name of 256 bytes", field: "index_name", index: strings.Repeat("i", 256)},
 		{name: "the index name .", field: "index_name", index: "."},
 		{name: "the index name ..", field: "index_name", index: ".."},
+		{name: "an index name starting with .", field: "index_name", index: ".x"},
+		{name: "an index name of 249 bytes", field: "index_name", index: strings.Repeat("i", 249)},
+		{name: "an index name with a non-ASCII capital", field: "index_name", index: "Ünicode"},
+		{name: "the reserved index name x-read", field: "index_name", index: "x-read"},
+		{name: "the reserved index name x-write", field: "index_name", index: "x-write"},
+		{name: "the reserved index name x-000001", field: "index_name", index: "x-000001"},
+		{name: "the reserved index name x-123456", field: "index_name", index: "x-123456"},
 	}
 	for _, c := range []string{`\`, `/`, `*`, `?`, `"`, `<`, `>`, `|`, `,`, `#`, ` `, `:`} {
 		what := fmt.Sprintf("%q", c)
@@ -279,7 +286,8 @@ func TestAppendSQL(t *testing.T) {
 		e := setup(t)
 		ctx := t.Context()
 		source := strings.Repeat("s", 512)
-		for _, index := range []string{strings.Repeat("i", 255), "a-b_c.d+e", "x.", "ünïcode"} {
+		// 248 bytes: outboxd's concrete index N-000001 must fit Elasticsearch's 255.
+		for _, index := range []string{strings.Repeat("i", 248), "a-b_c.d+e", "x.", "ünïcode", "x-reader", "x-00001", "x-0000001", "read", "x-read.v2"} {
 			if _, err := e.pool.Exec(ctx, `SELECT `+e.ident+`.append($1, $2, 1, 'upsert', '{}')`, index, source); err != nil {
 				t.Errorf("append %q: %v", index, err)
 			}
@@ -287,8 +295,8 @@ func TestAppendSQL(t *testing.T) {
 				t.Errorf("INSERT %q: %v", index, err)
 			}
 		}
-		if n := e.count(t, `source_id = $1`, source); n != 8 {
-			t.Fatalf("%d events, want 8", n)
+		if n := e.count(t, `source_id = $1`, source); n != 18 {
+			t.Fatalf("%d events, want 18", n)
 		}
 	})
 }
@@ -456,6 +464,58 @@ func TestCapture(t *testing.T) {
 			{"delete", "a", "", "notes.deleted", 3},
 		}
 		if got := events(t, e, "notes"); !slices.Equal(got, want) {
+			t.Fatalf("events\n got %+v\nwant %+v", got, want)
+		}
+	})
+
+	t.Run("an update that changes the id deletes the old id above its version and upserts the new one", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		tbl := e.ident + `.moves`
+		exec(t, e.pool, `CREATE TABLE `+tbl+` (id bigint PRIMARY KEY, title text, version bigint NOT NULL DEFAULT 1)`)
+		exec(t, e.pool, `SELECT `+e.ident+`.capture($1, 'moves', 'id', 'version')`, tbl)
+
+		exec(t, e.pool, `INSERT INTO `+tbl+` (id, title) VALUES (1, 'a')`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET title = 'b', version = 4 WHERE id = 1`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET id = 2, version = version + 1 WHERE id = 1`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET title = 'c', version = version + 1 WHERE id = 2`)
+		// The chosen rule for a re-used id: its version column restarts at
+		// 1, below the old id's tombstone (5), so Elasticsearch keeps it
+		// hidden until its version passes 5.
+		exec(t, e.pool, `INSERT INTO `+tbl+` (id, title) VALUES (1, 'again')`)
+
+		want := []event{
+			{"upsert", "1", `{"id": 1, "title": "a", "version": 1}`, "moves.inserted", 1},
+			{"upsert", "1", `{"id": 1, "title": "b", "version": 4}`, "moves.updated", 4},
+			{"delete", "1", "", "moves.deleted", 5},
+			{"upsert", "2", `{"id": 2, "title": "b", "version": 5}`, "moves.updated", 5},
+			{"upsert", "2", `{"id": 2, "title": "c", "version": 6}`, "moves.updated", 6},
+			{"upsert", "1", `{"id": 1, "title": "again", "version": 1}`, "moves.inserted", 1},
+		}
+		if got := events(t, e, "moves"); !slices.Equal(got, want) {
+			t.Fatalf("events\n got %+v\nwant %+v", got, want)
+		}
+	})
+
+	t.Run("without a version column a moved or re-used id continues the outbox counter", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		tbl := e.ident + `.codes`
+		exec(t, e.pool, `CREATE TABLE `+tbl+` (code text PRIMARY KEY)`)
+		exec(t, e.pool, `SELECT `+e.ident+`.capture($1, 'codes', 'code')`, tbl)
+
+		exec(t, e.pool, `INSERT INTO `+tbl+` VALUES ('a')`)
+		exec(t, e.pool, `UPDATE `+tbl+` SET code = 'b' WHERE code = 'a'`)
+		exec(t, e.pool, `INSERT INTO `+tbl+` VALUES ('a')`)
+
+		want := []event{
+			{"upsert", "a", `{"code": "a"}`, "codes.inserted", 1},
+			{"delete", "a", "", "codes.deleted", 2},
+			{"upsert", "b", `{"code": "b"}`, "codes.updated", 1},
+			// Above the tombstone at 2: the re-inserted row is visible.
+			{"upsert", "a", `{"code": "a"}`, "codes.inserted", 3},
+		}
+		if got := events(t, e, "codes"); !slices.Equal(got, want) {
 			t.Fatalf("events\n got %+v\nwant %+v", got, want)
 		}
 	})

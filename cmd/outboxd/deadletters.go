@@ -104,7 +104,7 @@ func parseDeadLetters(args []string) (*dlArgs, error) {
 		fs.BoolVar(&f.All, "all", false, "act on every parked dead letter (required when no other selection is given)")
 		fs.StringVar(&a.operator, "operator", "", "who acts, for the audit log (default: the OS user)")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {

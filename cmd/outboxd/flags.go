@@ -23,8 +23,8 @@ type dbFlags struct {
 
 func addDBFlags(fs *flag.FlagSet) *dbFlags {
 	f := &dbFlags{}
-	fs.StringVar(&f.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
-	fs.StringVar(&f.schema, "schema", envOr("OUTBOXD_SCHEMA", schema.DefaultName), "outbox schema name (env OUTBOXD_SCHEMA)")
+	fs.StringVar(&f.url, "database-url", "", "PostgreSQL URL or DSN (default $DATABASE_URL)")
+	fs.StringVar(&f.schema, "schema", schema.DefaultName, "outbox schema name")
 	return f
 }
 
@@ -54,7 +54,7 @@ func (f *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// esFlags are the Elasticsearch flags; secrets come only from the
+// esFlags are the Elasticsearch flags; credentials come only from the
 // environment so they never show in ps output.
 type esFlags struct {
 	urls    string
@@ -63,23 +63,27 @@ type esFlags struct {
 
 func addESFlags(fs *flag.FlagSet) *esFlags {
 	f := &esFlags{}
-	fs.StringVar(&f.urls, "elasticsearch-url", os.Getenv("ELASTICSEARCH_URL"), "Elasticsearch node URLs, comma-separated (env ELASTICSEARCH_URL; credentials via ELASTICSEARCH_USERNAME/PASSWORD/API_KEY/CA_CERT/CERT_FINGERPRINT)")
-	fs.DurationVar(&f.timeout, "elasticsearch-timeout", 30*time.Second, "Elasticsearch request timeout (env ELASTICSEARCH_TIMEOUT)")
+	fs.StringVar(&f.urls, "elasticsearch-url", "", "Elasticsearch node URLs, comma-separated (default $ELASTICSEARCH_URL; credentials via ELASTICSEARCH_USERNAME/PASSWORD/API_KEY/CA_CERT/CERT_FINGERPRINT)")
+	fs.DurationVar(&f.timeout, "elasticsearch-timeout", 30*time.Second, "Elasticsearch request timeout (or $ELASTICSEARCH_TIMEOUT)")
 	return f
 }
 
+// config builds the client's config here rather than in the indexer, so
+// that the command line, OUTBOXD_<FLAG> and the aliases (applied by
+// parseFlags) decide, in that order, and no library reads the environment.
 func (f *esFlags) config() (indexer.ClientConfig, error) {
-	c, err := indexer.ClientConfigFromEnv()
-	if err != nil {
-		return c, err
+	if f.timeout <= 0 {
+		return indexer.ClientConfig{}, fmt.Errorf("elasticsearch-timeout: must be > 0, got %v", f.timeout)
 	}
-	if f.urls != "" {
-		c.Addresses = indexer.SplitAddresses(f.urls)
-	}
-	if c.Timeout == 0 {
-		c.Timeout = f.timeout
-	}
-	return c, nil
+	return indexer.ClientConfig{
+		Addresses:              indexer.SplitAddresses(f.urls),
+		Username:               os.Getenv("ELASTICSEARCH_USERNAME"),
+		Password:               os.Getenv("ELASTICSEARCH_PASSWORD"),
+		APIKey:                 os.Getenv("ELASTICSEARCH_API_KEY"),
+		CACertPath:             os.Getenv("ELASTICSEARCH_CA_CERT"),
+		CertificateFingerprint: os.Getenv("ELASTICSEARCH_CERT_FINGERPRINT"),
+		Timeout:                f.timeout,
+	}, nil
 }
 
 func (f *esFlags) client() (*elasticsearch.Client, error) {
@@ -97,19 +101,40 @@ func envOr(key, def string) string {
 	return def
 }
 
-func envDuration(key string, def time.Duration) time.Duration {
-	if v := os.Getenv(key); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-	}
-	return def
+// envAliases are the documented variables besides OUTBOXD_<FLAG>, by flag
+// name, or by "command flag" where only one command's flag has one.
+var envAliases = map[string]string{
+	"database-url":          "DATABASE_URL",
+	"elasticsearch-url":     "ELASTICSEARCH_URL",
+	"elasticsearch-timeout": "ELASTICSEARCH_TIMEOUT",
+	"status max-age":        "OUTBOXD_STATUS_MAX_AGE",
 }
 
-// parseFlags parses args, then fills every flag the command line did not
-// set from OUTBOXD_<NAME> (dashes become underscores), so each knob can be
-// set either way and the command line wins.
+// envKeys are the variables that may set a flag, most specific first.
+func envKeys(fs *flag.FlagSet, name string) []string {
+	keys := []string{"OUTBOXD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
+	for _, k := range []string{fs.Name() + " " + name, name} {
+		if a, ok := envAliases[k]; ok {
+			keys = append(keys, a)
+		}
+	}
+	return keys
+}
+
+// parseFlags is the one configuration path of every command: it parses
+// args, then fills every flag the command line did not set from the first
+// of OUTBOXD_<NAME> (dashes become underscores) and the flag's documented
+// alias that is set, so the command line always wins. No default comes
+// from a variable that may hold a credential, so --help cannot print one;
+// the credentials the flags end up with are remembered for redaction.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	secrets.addEnv()
+	fs.SetOutput(redactWriter{w: fs.Output(), r: secrets})
+	usage := fs.Usage
+	fs.Usage = func() {
+		usage()
+		fmt.Fprintln(fs.Output(), "\nEvery flag can also be set in the environment as OUTBOXD_<FLAG> (dashes as underscores,\ne.g. OUTBOXD_SCHEMA), a few also by the $VARIABLE their help names. The command line wins,\nthen OUTBOXD_<FLAG>, then $VARIABLE.")
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,14 +142,21 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || err != nil {
-			return
-		}
-		key := "OUTBOXD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(key); ok {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s: %w", key, e)
+		if !set[f.Name] && err == nil {
+			for _, key := range envKeys(fs, f.Name) {
+				if v, ok := os.LookupEnv(key); ok {
+					if e := fs.Set(f.Name, v); e != nil {
+						err = fmt.Errorf("%s: %w", key, e)
+					}
+					break
+				}
 			}
+		}
+		switch v := f.Value.String(); {
+		case secretFlags[f.Name]:
+			secrets.add(v)
+		case urlFlags[f.Name]:
+			secrets.addURL(v)
 		}
 	})
 	return err

@@ -269,6 +269,11 @@ func TestGuaranteeRelayCommandMetricsEnvAndLogs(t *testing.T) {
 	if !strings.Contains(body, `outboxd_leader{stream="default"} 1`) {
 		t.Errorf("outboxd_leader{stream=\"default\"} is not 1")
 	}
+	for _, secret := range []string{"pg-secret-pw", "es-secret-pw"} {
+		if strings.Contains(body, secret) {
+			t.Errorf("/metrics contains the secret %q", secret)
+		}
+	}
 
 	if err := stop(); err != nil {
 		t.Fatalf("relay: %v", err)

@@ -36,7 +36,10 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 
 func main() {
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel()})))
+	// Logs and errors pass through the redactor (parseFlags fills it): a
+	// library's error may quote a connection string.
+	stderr := redactWriter{w: os.Stderr, r: secrets}
+	slog.SetDefault(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel()})))
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
 		usage()
 		os.Exit(2)
@@ -70,11 +73,11 @@ func main() {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		if ee.err != nil {
-			fmt.Fprintf(os.Stderr, "outboxd %s: %v\n", cmd.name, ee.err)
+			fmt.Fprintf(stderr, "outboxd %s: %v\n", cmd.name, ee.err)
 		}
 		os.Exit(ee.code)
 	}
-	fmt.Fprintf(os.Stderr, "outboxd %s: %v\n", cmd.name, err)
+	fmt.Fprintf(stderr, "outboxd %s: %v\n", cmd.name, err)
 	os.Exit(1)
 }
 

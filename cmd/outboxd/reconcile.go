@@ -22,12 +22,19 @@ func runReconcile(ctx context.Context, args []string) error {
 	es := addESFlags(fs)
 	index := fs.String("index", "", "write alias N (the events' index_name); every index behind it is scanned (required)")
 	sourceSQL := fs.String("source-sql", "", "query returning source_id, version, document[, deleted]; a NULL document or deleted=true means deleted in the source (required)")
+	sourceTimeout := fs.Duration("source-timeout", repair.DefaultSourceTimeout, "statement timeout of --source-sql, which runs in a READ ONLY transaction")
+	versionField := fs.String("version-field", "", "legacy indexes only: the document field holding the version (default: _version, which outboxd sets to the event's version)")
 	apply := fs.Bool("apply", false, "append fix events to the outbox (default: report only)")
 	sample := fs.Int("sample", 10, "samples printed per kind of drift")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	operator := fs.String("operator", envOr("USER", "outboxd reconcile"), "operator recorded in <schema>.audit_log for --apply")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: outboxd reconcile --index N --source-sql "SELECT source_id, version, document FROM ..." [flags]
+
+The source SQL runs in a READ ONLY transaction with --source-timeout as its
+statement_timeout. Versions are compared with each document's _version, which
+outboxd sets to the event's version; --version-field reads them from a
+document field instead, for indexes outboxd did not write.
 
 Reports, with counts and samples:
   missing      live in the source, not visible in the index
@@ -50,7 +57,7 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	switch {
@@ -58,6 +65,8 @@ Flags:
 		return fmt.Errorf("index: required (--index N)")
 	case *sourceSQL == "":
 		return fmt.Errorf("source-sql: required (a query returning source_id, version, document)")
+	case *sourceTimeout <= 0:
+		return fmt.Errorf("source-timeout: must be > 0, got %s", *sourceTimeout)
 	case *sample < 0:
 		return fmt.Errorf("sample: must be >= 0, got %d", *sample)
 	}
@@ -73,7 +82,7 @@ Flags:
 	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{Logger: slog.Default()})
 	rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
 		ES: client, DB: pool, Schema: db.schema, Index: *index, SourceSQL: *sourceSQL,
-		Apply: *apply, Sample: max(*sample, 1), Operator: *operator, Progress: prog,
+		SourceTimeout: *sourceTimeout, VersionField: *versionField, Apply: *apply, Sample: max(*sample, 1), Operator: *operator, Progress: prog,
 	})
 	prog.Finish()
 	if err != nil {

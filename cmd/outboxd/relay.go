@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -52,12 +53,15 @@ type relayFlags struct {
 	reconcileIndex          string
 	reconcileSQL            string
 	reconcileApply          bool
+	reconcileSQLTimeout     time.Duration
+	jobTimeout              time.Duration
+	abandonedAfter          time.Duration
 }
 
 func runRelay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch. Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by. Every flag can also be\nset as OUTBOXD_<FLAG> in the environment (e.g. OUTBOXD_ADMIN_ADDR); the command line wins.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch. Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	db := addDBFlags(fs)
@@ -67,9 +71,9 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.streamPrefix, "stream", "default", "stream name (prefix of partition names)")
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
 	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
-	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "approximate bytes per page")
-	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (bounds memory with batch-bytes)")
-	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: (prefetch+in-flight) x batch-bytes)")
+	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
+	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (memory: see --batch-bytes)")
+	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: see --batch-bytes)")
 	fs.IntVar(&f.bulkDocs, "bulk-docs", 1000, "documents per Elasticsearch bulk request")
 	fs.IntVar(&f.bulkBytes, "bulk-bytes", 5<<20, "bytes per Elasticsearch bulk request")
 	fs.IntVar(&f.bulkWorkers, "bulk-workers", 4, "bulk requests in flight")
@@ -94,8 +98,17 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.reconcileIndex, "reconcile-index", "", "index name the scheduled reconcile checks")
 	fs.StringVar(&f.reconcileSQL, "reconcile-sql", "", "SQL returning source_id, version, document for the scheduled reconcile")
 	fs.BoolVar(&f.reconcileApply, "reconcile-apply", false, "let the scheduled reconcile append fix events (default: report only)")
+	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", repair.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
+	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "deadline of one scheduled job run; a run still going then is cancelled and recorded as failed")
+	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if f.jobTimeout <= 0 {
+		return fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
+	}
+	if f.abandonedAfter <= 0 {
+		return fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
 	}
 	log := slog.Default()
 
@@ -117,6 +130,11 @@ func runRelay(ctx context.Context, args []string) error {
 		if spec, err = os.ReadFile(f.indexSpec); err != nil {
 			return fmt.Errorf("index-spec: %w", err)
 		}
+		// Checked by the server before any event is taken: a spec it will
+		// not create would otherwise surface only at the first event.
+		if err := indexer.CheckIndexSpec(ctx, client, spec); err != nil {
+			return fmt.Errorf("index-spec %s: %w", f.indexSpec, err)
+		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -128,6 +146,7 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	upgradeLayouts(ctx, client, log)
 	streams, err := relay.Partitions(f.streamPrefix, f.partitions)
 	if err != nil {
 		return err
@@ -150,8 +169,13 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 
-	sched := jobs.New(jobs.Config{Pool: pool, Schema: db.schema, Registerer: reg, Logger: log})
-	if err := addJobs(sched, pool, client, db.schema, f); err != nil {
+	jobPool, err := newJobPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer jobPool.Close()
+	sched := jobs.New(jobs.Config{Pool: jobPool, Schema: db.schema, Timeout: f.jobTimeout, Registerer: reg, Logger: log})
+	if err := addJobs(sched, jobPool, client, db.schema, f); err != nil {
 		return err
 	}
 	sched.Start()
@@ -161,16 +185,25 @@ func runRelay(ctx context.Context, args []string) error {
 		_ = sched.Stop(stopCtx)
 	}()
 
-	adminErr := make(chan error, 1)
+	// nil without an admin server: then there is nothing to wait for.
+	var adminErr chan error
 	if f.adminAddr != "" {
+		adminErr = make(chan error, 1)
 		srv, err := admin.New(admin.Config{
 			Addr: f.adminAddr, Token: f.adminToken, Gatherer: reg,
-			Stats: func(ctx context.Context) (*relay.Stats, error) { return relay.CollectStats(ctx, pool, db.schema) },
+			Stats: func(ctx context.Context) (*relay.Stats, error) {
+				st, err := statsWithPaused(ctx, pool, db.schema, r)
+				if err == nil {
+					st.MarkAbandoned(f.abandonedAfter)
+				}
+				return st, err
+			},
 			Ready: map[string]func(context.Context) error{
 				"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
 				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
+				"sink":          func(context.Context) error { return pausedError(r) },
 			},
-			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log,
+			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
 		})
 		if err != nil {
 			return err
@@ -184,12 +217,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	select {
-	case err := <-adminErr:
-		if err != nil && !errors.Is(err, context.Canceled) {
+	if adminErr != nil {
+		// The admin server stops within its own short grace.
+		if err := <-adminErr; err != nil && !errors.Is(err, context.Canceled) {
 			return err
 		}
-	case <-time.After(f.shutdown):
 	}
 	log.Info("relay stopped")
 	return nil
@@ -234,10 +266,13 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 	if f.reconcileSchedule != "" && (f.reconcileIndex == "" || strings.TrimSpace(f.reconcileSQL) == "") {
 		return errors.New("reconcile-schedule: needs --reconcile-index and --reconcile-sql")
 	}
+	if f.reconcileSQLTimeout <= 0 {
+		return fmt.Errorf("reconcile-sql-timeout: must be > 0, got %s", f.reconcileSQLTimeout)
+	}
 	return s.Add("reconcile", f.reconcileSchedule, func(ctx context.Context) error {
 		rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
 			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: f.reconcileSQL,
-			Apply: f.reconcileApply, Operator: "scheduler",
+			SourceTimeout: f.reconcileSQLTimeout, Apply: f.reconcileApply, Operator: "scheduler",
 		})
 		if err != nil {
 			return err
@@ -245,4 +280,37 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		slog.Info("reconcile finished", "index", f.reconcileIndex, "drifted", rep.Drifted(), "counts", rep.Counts, "fix_events", rep.Events)
 		return nil
 	})
+}
+
+// statsWithPaused adds to the outbox's figures why this process's streams
+// are paused, if they are.
+func statsWithPaused(ctx context.Context, pool *pgxpool.Pool, schemaName string, r *relay.Relay) (*relay.Stats, error) {
+	st, err := relay.CollectStats(ctx, pool, schemaName)
+	if err != nil {
+		return nil, err
+	}
+	paused := r.Paused()
+	for i := range st.Streams {
+		st.Streams[i].Paused = paused[st.Streams[i].Stream]
+	}
+	return st, nil
+}
+
+// pausedError makes /readyz not ready while a stream's sink writes fail as
+// a whole: Elasticsearch may answer pings and still refuse every bulk.
+func pausedError(r *relay.Relay) error {
+	paused := r.Paused()
+	if len(paused) == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(paused))
+	for s := range paused {
+		names = append(names, s)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, s := range names {
+		parts[i] = "stream " + s + " paused: " + paused[s]
+	}
+	return errors.New(strings.Join(parts, "; "))
 }

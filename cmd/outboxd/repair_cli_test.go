@@ -138,6 +138,27 @@ func TestRepairAndReconcileCommands(t *testing.T) {
 			t.Fatalf("no upsert event for the missing document s3 at version 4")
 		}
 	})
+
+	t.Run("reconcile refuses source SQL that writes, one that runs too long and a zero timeout", func(t *testing.T) {
+		base := append(append(append([]string{}, e.dbArgs...), esArgs...), "--index", name)
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--source-sql", `WITH d AS (DELETE FROM "` + e.schema + `".truth RETURNING id, version, doc) SELECT * FROM d`}, "source_sql: must only read"},
+			{[]string{"--source-sql", `SELECT id, version, doc FROM "` + e.schema + `".truth, pg_sleep(10)`, "--source-timeout", "200ms"}, "source timeout of 200ms"},
+			{[]string{"--source-sql", `SELECT 1`, "--source-timeout", "0s"}, "source-timeout: must be > 0"},
+			{[]string{"--source-sql", `SELECT 1`, "--version-field", "_version"}, "version_field"},
+		} {
+			if err := runReconcile(ctx, append(append([]string{}, base...), c.args...)); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%v: %v, want %q", c.args, err, c.want)
+			}
+		}
+		var rows int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".truth`).Scan(&rows); err != nil || rows != 2 {
+			t.Fatalf("truth has %d rows (%v), want its 2 untouched", rows, err)
+		}
+	})
 }
 
 func sorted(s []string) []string {
@@ -150,4 +171,14 @@ func sorted(s []string) []string {
 		}
 	}
 	return out
+}
+
+func TestRepairIncludeMissingKeyFlag(t *testing.T) {
+	t.Parallel()
+	t.Run("is refused with a key that cannot fall back to _id", func(t *testing.T) {
+		err := runRepair(context.Background(), []string{"--elasticsearch-url", "http://127.0.0.1:1", "--index", "x", "--key", "canonical_url", "--include-missing-key"})
+		if err == nil || !strings.Contains(err.Error(), "include_missing_key") {
+			t.Fatalf("err %v, want an include_missing_key error", err)
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -36,12 +37,16 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	}
 	db := addDBFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON instead of tables")
-	maxAge := fs.Duration("max-age", envDuration("OUTBOXD_STATUS_MAX_AGE", 5*time.Minute), "exit 2 when the oldest unacknowledged event is older than this; 0 disables (env OUTBOXD_STATUS_MAX_AGE)")
-	if err := fs.Parse(args); err != nil {
+	maxAge := fs.Duration("max-age", 5*time.Minute, "exit 2 when the oldest unacknowledged event is older than this; 0 disables (or $OUTBOXD_STATUS_MAX_AGE)")
+	abandonedAfter := fs.Duration("abandoned-after", relay.DefaultAbandonedAfter, "flag a stream as abandoned when it has no leader and no progress for this long")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (status takes only flags)", fs.Arg(0))
+	}
+	if *abandonedAfter <= 0 {
+		return fmt.Errorf("abandoned-after: must be > 0, got %v", *abandonedAfter)
 	}
 	if *maxAge < 0 {
 		return fmt.Errorf("max-age: must be >= 0, got %v", *maxAge)
@@ -55,6 +60,7 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	st.MarkAbandoned(*abandonedAfter)
 	oldest := st.OldestBacklogAge()
 	if len(st.Streams) == 0 {
 		// No relay has stored progress yet, so every event is pending.
@@ -100,13 +106,19 @@ func printStatus(out io.Writer, schemaName string, st *relay.Stats) {
 	}
 	for _, s := range st.Streams {
 		leader := "NONE"
-		if s.LeaderPID != 0 {
+		switch {
+		case s.LeaderPID != 0:
 			leader = fmt.Sprintf("pid %d %s", s.LeaderPID, s.LeaderClient)
+		case s.Abandoned:
+			leader = "NONE (ABANDONED)"
 		}
 		fmt.Fprintf(tw, "%s\t%d-%d\t%d\t%s\t%s\t%s\t%d\n", s.Stream, s.BucketLo, s.BucketHi, s.Backlog,
 			humanSeconds(s.OldestAge), leader, humanSeconds(s.ProgressStale), s.Acknowledged)
 	}
 	tw.Flush()
+	if ab := st.AbandonedStreams(); len(ab) > 0 {
+		fmt.Fprintf(out, "\nabandoned streams hold retention back: %s\n(drop each with `outboxd streams drop NAME` once no relay is configured with it)\n", strings.Join(ab, ", "))
+	}
 
 	fmt.Fprintln(out, "\nDEAD LETTERS (parked)")
 	tw = tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)

@@ -22,13 +22,13 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("api", flag.ContinueOnError)
 	db := addDBFlags(fs)
 	es := addESFlags(fs)
-	addr := fs.String("addr", envOr("OUTBOXD_API_ADDR", "127.0.0.1:8080"), "listen address (env OUTBOXD_API_ADDR); loopback by default: X-User-ID is trusted as is")
-	tables := fs.String("tutorials-schema", envOr("OUTBOXD_TUTORIALS_SCHEMA", DefaultSchema), "schema of the tutorials and idempotency_keys tables, created at start (env OUTBOXD_TUTORIALS_SCHEMA)")
-	index := fs.String("index", envOr("OUTBOXD_TUTORIALS_INDEX", DefaultIndex), "index_name of the events; search reads <index>-read (env OUTBOXD_TUTORIALS_INDEX)")
-	ttl := fs.Duration("key-ttl", envDuration("OUTBOXD_KEY_TTL", DefaultKeyTTL), "how long idempotency keys are remembered (env OUTBOXD_KEY_TTL)")
-	lease := fs.Duration("key-lease", envDuration("OUTBOXD_KEY_LEASE", DefaultLease), "how long a PROCESSING key is protected before a retry may take it over (env OUTBOXD_KEY_LEASE)")
-	schedule := fs.String("key-cleanup-schedule", envOr("OUTBOXD_KEY_CLEANUP_SCHEDULE", DefaultCleanupSchedule), "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *' (env OUTBOXD_KEY_CLEANUP_SCHEDULE)")
-	if err := fs.Parse(args); err != nil {
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address (or $OUTBOXD_API_ADDR); loopback by default: X-User-ID is trusted as is")
+	tables := fs.String("tutorials-schema", DefaultSchema, "schema of the tutorials and idempotency_keys tables, created at start")
+	index := fs.String("index", DefaultIndex, "index_name of the events; search reads <index> (or $OUTBOXD_TUTORIALS_INDEX)")
+	ttl := fs.Duration("key-ttl", DefaultKeyTTL, "how long idempotency keys are remembered")
+	lease := fs.Duration("key-lease", DefaultLease, "how long a PROCESSING key is protected before a retry may take it over")
+	schedule := fs.String("key-cleanup-schedule", DefaultCleanupSchedule, "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *'")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

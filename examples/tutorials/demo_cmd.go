@@ -14,18 +14,18 @@ func init() {
 
 func runDemoClient(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	api := fs.String("api", envOr("OUTBOXD_API_URL", "http://127.0.0.1:8080"), "example API base URL (env OUTBOXD_API_URL)")
+	api := fs.String("api", "http://127.0.0.1:8080", "example API base URL (or $OUTBOXD_API_URL)")
 	user := fs.String("user", "demo-user", "X-User-ID to write as")
 	count := fs.Int("count", 20, "tutorials to create")
 	burst := fs.Int("burst", 20, "concurrent duplicate submits of one key")
 	wait := fs.Duration("wait", 2*time.Minute, "how long search may take to converge")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	return RunDemo(ctx, DemoOptions{
-		BaseURL: *api, Out: os.Stdout, User: *user, Count: *count, Burst: *burst, Wait: *wait,
+		BaseURL: *api, Out: redactWriter{os.Stdout}, User: *user, Count: *count, Burst: *burst, Wait: *wait,
 	})
 }

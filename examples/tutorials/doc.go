@@ -13,7 +13,7 @@
 //	PUT    /api/tutorials/{id}   {"title", "body", "tags"}                -> 200, full replacement
 //	DELETE /api/tutorials/{id}                                            -> 200 {"id","deleted","version"}
 //	GET    /api/tutorials/{id}   from PostgreSQL                          -> 200 | 404
-//	GET    /api/search?q=&size=  from the Elasticsearch read alias <index>-read
+//	GET    /api/search?q=&size=  from the Elasticsearch alias <index> (tombstones filtered)
 //	GET    /metrics, /healthz
 //
 // Writes need two headers. X-User-ID names the caller (401 without it);

@@ -150,7 +150,7 @@ func (e *indexEnv) stored(t *testing.T) map[string]string {
 // docCount counts every document in the concrete index, tombstones included.
 func (e *indexEnv) docCount(t *testing.T) int {
 	t.Helper()
-	res, err := e.es.Count(e.es.Count.WithIndex(e.index))
+	res, err := e.es.Count(e.es.Count.WithIndex(indexer.WriteAlias(e.index)))
 	if err != nil {
 		t.Fatal(err)
 	}

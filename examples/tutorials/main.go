@@ -5,10 +5,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -70,8 +73,8 @@ type dbFlags struct {
 
 func addDBFlags(fs *flag.FlagSet) *dbFlags {
 	f := &dbFlags{}
-	fs.StringVar(&f.url, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (env DATABASE_URL)")
-	fs.StringVar(&f.schema, "schema", envOr("OUTBOXD_SCHEMA", schema.DefaultName), "outbox schema name (env OUTBOXD_SCHEMA)")
+	fs.StringVar(&f.url, "database-url", "", "PostgreSQL URL or DSN (default $DATABASE_URL)")
+	fs.StringVar(&f.schema, "schema", schema.DefaultName, "outbox schema name")
 	return f
 }
 
@@ -103,7 +106,7 @@ type esFlags struct{ urls string }
 
 func addESFlags(fs *flag.FlagSet) *esFlags {
 	f := &esFlags{}
-	fs.StringVar(&f.urls, "elasticsearch-url", os.Getenv("ELASTICSEARCH_URL"), "Elasticsearch node URLs, comma-separated (env ELASTICSEARCH_URL)")
+	fs.StringVar(&f.urls, "elasticsearch-url", "", "Elasticsearch node URLs, comma-separated (default $ELASTICSEARCH_URL)")
 	return f
 }
 
@@ -121,18 +124,60 @@ func (f *esFlags) client() (*elasticsearch.Client, error) {
 	return indexer.NewClient(c)
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
+// envAliases are the documented variables besides OUTBOXD_<FLAG>, by
+// flag name, or by "command flag" where only one command's flag has one
+// (the same names outboxd's own commands use).
+var envAliases = map[string]string{
+	"database-url":      "DATABASE_URL",
+	"elasticsearch-url": "ELASTICSEARCH_URL",
+	"api addr":          "OUTBOXD_API_ADDR",
+	"api index":         "OUTBOXD_TUTORIALS_INDEX",
+	"demo api":          "OUTBOXD_API_URL",
 }
 
-func envDuration(key string, def time.Duration) time.Duration {
-	if v := os.Getenv(key); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
+// parseFlags parses args, then fills every flag the command line did not
+// set from OUTBOXD_<NAME> (dashes become underscores) or else the flag's
+// documented alias, so the command line always wins; no flag default comes
+// from a variable that may hold a credential, so --help cannot print one.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
 	}
-	return def
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		keys := []string{"OUTBOXD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))}
+		for _, k := range []string{fs.Name() + " " + f.Name, f.Name} {
+			if a, ok := envAliases[k]; ok {
+				keys = append(keys, a)
+			}
+		}
+		for _, key := range keys {
+			if v, ok := os.LookupEnv(key); ok {
+				if e := fs.Set(f.Name, v); e != nil {
+					err = fmt.Errorf("%s: %w", key, e)
+				}
+				return
+			}
+		}
+	})
+	return err
+}
+
+// urlPassword is the password of a URL's userinfo, which the demo would
+// otherwise print with the API's URL.
+var urlPassword = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*):[^\s@/]*@`)
+
+// redactWriter writes through w with URL passwords replaced by "xxxxx".
+type redactWriter struct{ w io.Writer }
+
+func (r redactWriter) Write(p []byte) (int, error) {
+	if _, err := r.w.Write(urlPassword.ReplaceAll(p, []byte("${1}:xxxxx@"))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

@@ -56,12 +56,12 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	})
 	res, err := s.es.Search(
 		s.es.Search.WithContext(r.Context()),
-		s.es.Search.WithIndex(s.index+"-read"),
+		s.es.Search.WithIndex(s.index),
 		s.es.Search.WithBody(bytes.NewReader(body)),
 		s.es.Search.WithIgnoreUnavailable(true),
 	)
 	if err != nil {
-		s.log.Error("search", "index", s.index+"-read", "err", err)
+		s.log.Error("search", "index", s.index, "err", err)
 		writeError(w, &APIError{Status: http.StatusBadGateway, Message: "Elasticsearch is unavailable"})
 		return
 	}
@@ -80,7 +80,7 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if res.IsError() {
-		s.log.Error("search", "index", s.index+"-read", "status", res.StatusCode, "response", truncate(string(raw), 500))
+		s.log.Error("search", "index", s.index, "status", res.StatusCode, "response", truncate(string(raw), 500))
 		writeError(w, &APIError{Status: http.StatusBadGateway, Message: fmt.Sprintf("Elasticsearch answered %d", res.StatusCode)})
 		return
 	}

@@ -32,7 +32,8 @@ type Config struct {
 	Schema string
 	// OutboxSchema is the outboxd schema events are appended to (schema.DefaultName).
 	OutboxSchema string
-	// Index is the events' index_name, a write alias; search reads Index+"-read".
+	// Index is the events' index_name: outboxd writes through Index+"-write";
+	// search reads Index, which hides tombstones.
 	Index string
 	// Elasticsearch serves GET /api/search; nil answers it with 503.
 	Elasticsearch *elasticsearch.Client

@@ -44,15 +44,17 @@ type Result struct {
 //
 //  1. write the backup (every document to be overwritten or removed,
 //     re-fetched by id with its source and coordinates, plus a line per
-//     _id the repair will create) and fsync it; on any failure nothing
-//     is changed;
+//     _id the repair will create and per keeper left in place) and fsync
+//     it; on any failure nothing is changed;
 //  2. per group: re-fetch a keeper that has to move and check its
 //     _seq_no/_primary_term are still those of the scan (else the group is
-//     skipped); write it to the write alias under _id = source_id at its
-//     version with version_type=external_gte (a newer version there wins
-//     and the group is skipped); then delete the others with if_seq_no +
-//     if_primary_term, so a document changed since the scan gets a 409 and
-//     is skipped and reported, never lost.
+//     skipped); write it to the write alias under _id = source_id at the
+//     group's Version with version_type=external_gte (a newer version
+//     there wins and the group is skipped); then delete the others with
+//     if_seq_no + if_primary_term, so a document changed since the scan
+//     gets a 409 and is skipped and reported, never lost;
+//  3. append to the backup, and fsync, the _seq_no/_primary_term/_version
+//     every write left: a restore undoes only writes proven the repair's.
 //
 // Groups with a Conflict are skipped. Apply returns an error only when it
 // could not proceed at all; per-document refusals are in Skipped.
@@ -64,9 +66,18 @@ func (p *Plan) Apply(ctx context.Context, es *elasticsearch.Client, opts ApplyOp
 	if batch <= 0 {
 		batch = 500
 	}
-	if err := writeBackup(ctx, es, p, opts.BackupPath, opts.Operator, batch); err != nil {
+	backup, err := writeBackup(ctx, es, p, opts.BackupPath, opts.Operator, batch)
+	if err != nil {
 		return nil, fmt.Errorf("%w (nothing was changed)", err)
 	}
+	res, err := p.apply(ctx, es, backup, batch, opts)
+	if cerr := backup.close(); err == nil {
+		err = cerr
+	}
+	return res, err
+}
+
+func (p *Plan) apply(ctx context.Context, es *elasticsearch.Client, backup *backupFile, batch int, opts ApplyOptions) (*Result, error) {
 	s := p.Summary()
 	if err := opts.Audit.Append(AuditEntry{Action: "repair.start", Index: p.Index, Reason: "backup " + opts.BackupPath, Detail: s}); err != nil {
 		return nil, fmt.Errorf("%w (nothing was changed)", err)
@@ -82,7 +93,7 @@ func (p *Plan) Apply(ctx context.Context, es *elasticsearch.Client, opts ApplyOp
 			n += len(p.Groups[end].Remove) + 1
 			end++
 		}
-		if err := p.applyChunk(ctx, es, p.Groups[start:end], res, opts); err != nil {
+		if err := p.applyChunk(ctx, es, p.Groups[start:end], res, backup, opts); err != nil {
 			return res, err
 		}
 		opts.Progress.Add(int64(end - start))
@@ -101,7 +112,7 @@ type groupState struct {
 	removed int
 }
 
-func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups []Group, res *Result, opts ApplyOptions) error {
+func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups []Group, res *Result, backup *backupFile, opts ApplyOptions) error {
 	states := make([]groupState, len(groups))
 	skipGroup := func(i int, d Doc, reason string) {
 		states[i].skip = append(states[i].skip, Skip{Key: groups[i].Key, Index: d.Index, ID: d.ID, Reason: reason})
@@ -138,7 +149,7 @@ func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups 
 			skipGroup(i, g.Keeper, fmt.Sprintf("keeper changed since the scan (_seq_no %d, now %d)", g.Keeper.SeqNo, d.SeqNo))
 			continue
 		}
-		bulkAction(&buf, "index", map[string]any{"_index": p.WriteAlias, "_id": g.TargetID, "version": g.Keeper.Version, "version_type": "external_gte"}, d.Source)
+		bulkAction(&buf, "index", map[string]any{"_index": p.WriteAlias, "_id": g.TargetID, "version": g.Version, "version_type": "external_gte"}, d.Source)
 		writing = append(writing, i)
 	}
 
@@ -158,6 +169,9 @@ func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups 
 				}
 				skipGroup(i, Doc{Index: p.WriteIndex, ID: g.TargetID}, reason)
 				continue
+			}
+			if err := backup.record(BackupEntry{Kind: BackupWritten, Key: g.Key, Index: p.WriteIndex, ID: g.TargetID, Version: it.Version, SeqNo: it.SeqNo, PrimaryTerm: it.PrimaryTerm}); err != nil {
+				return err
 			}
 			res.Rewritten++
 			if g.Overwrites == nil {
@@ -198,12 +212,18 @@ func (p *Plan) applyChunk(ctx context.Context, es *elasticsearch.Client, groups 
 				skipGroup(x.group, x.doc, reason)
 				continue
 			}
+			if err := backup.record(BackupEntry{Kind: BackupDeleted, Key: groups[x.group].Key, Index: x.doc.Index, ID: x.doc.ID, Version: it.Version, SeqNo: it.SeqNo, PrimaryTerm: it.PrimaryTerm}); err != nil {
+				return err
+			}
 			res.Removed++
 			states[x.group].removed++
 			states[x.group].ids = append(states[x.group].ids, x.doc.Index+"/"+x.doc.ID)
 		}
 	}
 
+	if err := backup.sync(); err != nil {
+		return err
+	}
 	for i, g := range groups {
 		st := states[i]
 		outcome := "applied"

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"time"
@@ -16,19 +17,30 @@ import (
 	"github.com/outboxd/outboxd/indexer"
 )
 
-// Backup kinds. A repair backup is NDJSON: one header line, then one line
-// per document the repair will touch (with its source and the coordinates
-// it had) and one line per document the repair will create, so a restore
-// can remove what did not exist before.
+// Backup kinds. A repair backup is NDJSON: a header line; before the
+// repair changes anything, a line per document it will delete or overwrite
+// (with its source and coordinates), per _id its rewrite will create, and
+// per keeper it leaves in place; then, as the repair goes, a line per write
+// it made with the coordinates that write left. Restore undoes only what
+// those last lines prove the repair wrote.
 const (
 	BackupHeader   = "header"
-	BackupDocument = "document"
-	BackupCreated  = "created"
+	BackupDocument = "document" // to be deleted or overwritten: source and coordinates
+	BackupCreated  = "created"  // an _id the rewrite creates
+	BackupKept     = "kept"     // a keeper left in place, as it was
+	BackupWritten  = "written"  // what the rewrite left at the group's _id
+	BackupDeleted  = "deleted"  // what a delete left (the delete's _version)
 )
+
+// BackupFormat is the header's format. Restore refuses backups without it:
+// they do not say what the repair wrote, so a restore could not tell the
+// repair's writes from later ones.
+const BackupFormat = 2
 
 // BackupEntry is one line of a repair backup.
 type BackupEntry struct {
 	Kind        string          `json:"kind"`
+	Key         string          `json:"key,omitempty"` // the group
 	Index       string          `json:"index,omitempty"`
 	ID          string          `json:"_id,omitempty"`
 	Version     int64           `json:"_version,omitempty"` // for created: the version the repair writes
@@ -36,6 +48,7 @@ type BackupEntry struct {
 	PrimaryTerm int64           `json:"_primary_term,omitempty"`
 	Source      json.RawMessage `json:"_source,omitempty"`
 	// Header only.
+	Format   int       `json:"format,omitempty"`
 	Target   string    `json:"target,omitempty"`
 	Operator string    `json:"operator,omitempty"`
 	Time     time.Time `json:"time,omitzero"`
@@ -112,41 +125,99 @@ func bulkAction(buf *bytes.Buffer, action string, meta map[string]any, source js
 	}
 }
 
-// writeBackup writes the backup of every document plan touches and
-// every document it creates, then fsyncs the file and its directory. The
-// file must not exist: a backup is never overwritten.
-func writeBackup(ctx context.Context, es *elasticsearch.Client, plan *Plan, path, operator string, batch int) (err error) {
+// backupFile is a backup file open for the apply step's records.
+type backupFile struct {
+	f   *os.File
+	w   *bufio.Writer
+	enc *json.Encoder
+}
+
+func (b *backupFile) record(e BackupEntry) error {
+	if err := b.enc.Encode(e); err != nil {
+		return fmt.Errorf("indexer: backup: %w", err)
+	}
+	return nil
+}
+
+// sync makes every record so far durable: a restore trusts only what the
+// file proves the repair wrote.
+func (b *backupFile) sync() error {
+	if err := b.w.Flush(); err != nil {
+		return fmt.Errorf("indexer: backup: %w", err)
+	}
+	if err := b.f.Sync(); err != nil {
+		return fmt.Errorf("indexer: backup: fsync: %w", err)
+	}
+	return nil
+}
+
+func (b *backupFile) close() error {
+	err := b.sync()
+	if cerr := b.f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("indexer: backup: %w", cerr)
+	}
+	return err
+}
+
+// writeBackup writes the backup of every document plan touches, every
+// document it creates and every keeper it leaves in place, then fsyncs the
+// file and its directory, and returns it open for the apply step's
+// records. The file must not exist: a backup is never overwritten.
+func writeBackup(ctx context.Context, es *elasticsearch.Client, plan *Plan, path, operator string, batch int) (_ *backupFile, err error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("indexer: backup: %w", err)
+		return nil, fmt.Errorf("indexer: backup: %w", err)
 	}
+	b := &backupFile{f: f, w: bufio.NewWriterSize(f, 1<<20)}
+	b.enc = json.NewEncoder(b.w)
 	defer func() {
-		if cerr := f.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("indexer: backup: %w", cerr)
+		if err != nil {
+			f.Close()
 		}
 	}()
-	w := bufio.NewWriterSize(f, 1<<20)
-	enc := json.NewEncoder(w)
-	if err := enc.Encode(BackupEntry{Kind: BackupHeader, Index: plan.Index, Target: plan.WriteIndex, Operator: operator, Time: time.Now().UTC()}); err != nil {
-		return fmt.Errorf("indexer: backup: %w", err)
+	if err := b.record(BackupEntry{Kind: BackupHeader, Format: BackupFormat, Index: plan.Index, Target: plan.WriteIndex, Operator: operator, Time: time.Now().UTC()}); err != nil {
+		return nil, err
 	}
-	var refs []docRef
+	type want struct {
+		ref  docRef
+		kind string
+		key  string
+	}
+	var wants []want
 	flush := func() error {
-		got, err := mget(ctx, es, refs, true)
-		if err != nil {
-			return err
-		}
-		for _, r := range refs {
-			d, ok := got[r]
-			if !ok || !d.Found {
-				continue // gone since the scan; its conditional delete will report it
+		// Keepers left in place need no source: one mget for them, one
+		// with sources for the rest.
+		var docs, kept []docRef
+		for _, x := range wants {
+			if x.kind == BackupKept {
+				kept = append(kept, x.ref)
+			} else {
+				docs = append(docs, x.ref)
 			}
-			e := BackupEntry{Kind: BackupDocument, Index: d.Index, ID: d.ID, Version: d.Version, SeqNo: d.SeqNo, PrimaryTerm: d.PrimaryTerm, Source: d.Source}
-			if err := enc.Encode(e); err != nil {
+		}
+		got, err := mget(ctx, es, docs, true)
+		if err != nil {
+			return fmt.Errorf("indexer: backup: %w", err)
+		}
+		gotKept, err := mget(ctx, es, kept, false)
+		if err != nil {
+			return fmt.Errorf("indexer: backup: %w", err)
+		}
+		maps.Copy(got, gotKept)
+		for _, x := range wants {
+			d, ok := got[x.ref]
+			if !ok || !d.Found {
+				continue // gone since the scan; its conditional write will report it
+			}
+			e := BackupEntry{Kind: x.kind, Key: x.key, Index: d.Index, ID: d.ID, Version: d.Version, SeqNo: d.SeqNo, PrimaryTerm: d.PrimaryTerm}
+			if x.kind == BackupDocument {
+				e.Source = d.Source
+			}
+			if err := b.record(e); err != nil {
 				return err
 			}
 		}
-		refs = refs[:0]
+		wants = wants[:0]
 		return nil
 	}
 	for _, g := range plan.Groups {
@@ -154,30 +225,30 @@ func writeBackup(ctx context.Context, es *elasticsearch.Client, plan *Plan, path
 			continue
 		}
 		if g.Rewrite && g.Overwrites == nil {
-			if err := enc.Encode(BackupEntry{Kind: BackupCreated, Index: plan.WriteIndex, ID: g.TargetID, Version: g.Keeper.Version}); err != nil {
-				return fmt.Errorf("indexer: backup: %w", err)
+			if err := b.record(BackupEntry{Kind: BackupCreated, Key: g.Key, Index: plan.WriteIndex, ID: g.TargetID, Version: g.Version}); err != nil {
+				return nil, err
 			}
 		}
+		if !g.Rewrite {
+			wants = append(wants, want{docRef{g.Keeper.Index, g.Keeper.ID}, BackupKept, g.Key})
+		}
 		if g.Overwrites != nil {
-			refs = append(refs, docRef{g.Overwrites.Index, g.Overwrites.ID})
+			wants = append(wants, want{docRef{g.Overwrites.Index, g.Overwrites.ID}, BackupDocument, g.Key})
 		}
 		for _, d := range g.Remove {
-			refs = append(refs, docRef{d.Index, d.ID})
+			wants = append(wants, want{docRef{d.Index, d.ID}, BackupDocument, g.Key})
 		}
-		if len(refs) >= batch {
+		if len(wants) >= batch {
 			if err := flush(); err != nil {
-				return fmt.Errorf("indexer: backup: %w", err)
+				return nil, err
 			}
 		}
 	}
 	if err := flush(); err != nil {
-		return fmt.Errorf("indexer: backup: %w", err)
+		return nil, err
 	}
-	if err := w.Flush(); err != nil {
-		return fmt.Errorf("indexer: backup: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("indexer: backup: fsync: %w", err)
+	if err := b.sync(); err != nil {
+		return nil, err
 	}
 	// The file's directory entry must be durable too, or a crash can lose
 	// the backup of documents already deleted.
@@ -185,181 +256,8 @@ func writeBackup(ctx context.Context, es *elasticsearch.Client, plan *Plan, path
 		serr := d.Sync()
 		d.Close()
 		if serr != nil {
-			return fmt.Errorf("indexer: backup: fsync directory: %w", serr)
+			return nil, fmt.Errorf("indexer: backup: fsync directory: %w", serr)
 		}
 	}
-	return nil
-}
-
-// RestoreOptions configures Restore.
-type RestoreOptions struct {
-	Audit    *AuditLog
-	Batch    int // documents per request; 0 means 500
-	Progress *Progress
-}
-
-// RestoreResult counts a restore.
-type RestoreResult struct {
-	Restored int `json:"restored"` // at their backed-up _version
-	// Raised were restored with their backed-up source but at the version
-	// Elasticsearch holds now: external versioning cannot go down while
-	// a newer version is known (the repair's rewrite, or the delete
-	// tombstone Elasticsearch keeps for index.gc_deletes, 60s by default).
-	Raised  int    `json:"raised"`
-	Removed int    `json:"removed"` // documents the repair had created
-	Skipped []Skip `json:"skipped,omitempty"`
-}
-
-// Restore puts back what a repair backup holds: every backed-up
-// document under its index and _id with its source, at its backed-up
-// _version (version_type=external_gte) when Elasticsearch allows it; and
-// removes every document the repair created, unless it changed since (its
-// _version is no longer the one the repair wrote), which is reported.
-func Restore(ctx context.Context, es *elasticsearch.Client, path string, opts RestoreOptions) (*RestoreResult, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("indexer: restore: %w", err)
-	}
-	defer f.Close()
-	batch := opts.Batch
-	if batch <= 0 {
-		batch = 500
-	}
-	res := &RestoreResult{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<20), 512<<20)
-	var pending []BackupEntry
-	line := 0
-	sawHeader := false
-	for sc.Scan() {
-		line++
-		var e BackupEntry
-		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
-			return res, fmt.Errorf("indexer: restore: %s line %d: %w", path, line, err)
-		}
-		switch e.Kind {
-		case BackupHeader:
-			sawHeader = true
-			continue
-		case BackupDocument, BackupCreated:
-		default:
-			return res, fmt.Errorf("indexer: restore: %s line %d: kind: unknown %q", path, line, e.Kind)
-		}
-		if !sawHeader {
-			return res, fmt.Errorf("indexer: restore: %s: not a repair backup (no header line)", path)
-		}
-		pending = append(pending, e)
-		if len(pending) >= batch {
-			if err := restoreBatch(ctx, es, pending, res, opts); err != nil {
-				return res, err
-			}
-			pending = pending[:0]
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return res, fmt.Errorf("indexer: restore: %s: %w", path, err)
-	}
-	if err := restoreBatch(ctx, es, pending, res, opts); err != nil {
-		return res, err
-	}
-	_ = opts.Audit.Append(AuditEntry{Action: "repair.restore", Reason: "restore from " + path, Outcome: fmt.Sprintf("restored %d, raised %d, removed %d, skipped %d", res.Restored, res.Raised, res.Removed, len(res.Skipped))})
-	return res, opts.Audit.Sync()
-}
-
-func restoreBatch(ctx context.Context, es *elasticsearch.Client, entries []BackupEntry, res *RestoreResult, opts RestoreOptions) error {
-	if len(entries) == 0 {
-		return nil
-	}
-	var created []docRef
-	var docs []BackupEntry
-	for _, e := range entries {
-		if e.Kind == BackupCreated {
-			created = append(created, docRef{e.Index, e.ID})
-		} else {
-			docs = append(docs, e)
-		}
-	}
-	// Remove the repair's creations, but only as the repair left them.
-	if len(created) > 0 {
-		got, err := mget(ctx, es, created, false)
-		if err != nil {
-			return fmt.Errorf("indexer: restore: %w", err)
-		}
-		var buf bytes.Buffer
-		var refs []docRef
-		for _, e := range entries {
-			if e.Kind != BackupCreated {
-				continue
-			}
-			d := got[docRef{e.Index, e.ID}]
-			switch {
-			case !d.Found:
-				continue
-			case d.Version != e.Version:
-				res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: fmt.Sprintf("created by the repair at version %d but now at %d: changed since, left in place", e.Version, d.Version)})
-				continue
-			}
-			bulkAction(&buf, "delete", map[string]any{"_index": e.Index, "_id": e.ID, "if_seq_no": d.SeqNo, "if_primary_term": d.PrimaryTerm}, nil)
-			refs = append(refs, docRef{e.Index, e.ID})
-		}
-		if len(refs) > 0 {
-			items, err := bulk(ctx, es, buf.Bytes())
-			if err != nil {
-				return fmt.Errorf("indexer: restore: %w", err)
-			}
-			for i, it := range items {
-				if it.Status < 300 {
-					res.Removed++
-				} else {
-					res.Skipped = append(res.Skipped, Skip{Index: refs[i].index, ID: refs[i].id, Reason: "remove created document: " + it.Reason()})
-				}
-			}
-		}
-	}
-	if len(docs) == 0 {
-		return nil
-	}
-	var buf bytes.Buffer
-	for _, e := range docs {
-		bulkAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": e.Version, "version_type": "external_gte"}, e.Source)
-	}
-	items, err := bulk(ctx, es, buf.Bytes())
-	if err != nil {
-		return fmt.Errorf("indexer: restore: %w", err)
-	}
-	buf.Reset()
-	var raised []BackupEntry
-	for i, it := range items {
-		e := docs[i]
-		switch {
-		case it.Status < 300:
-			res.Restored++
-		case it.Status == 409 && it.Error != nil:
-			v, _, ok := indexer.ConflictVersions(it.Error.Reason)
-			if !ok {
-				res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.Reason()})
-				continue
-			}
-			bulkAction(&buf, "index", map[string]any{"_index": e.Index, "_id": e.ID, "version": v, "version_type": "external_gte"}, e.Source)
-			raised = append(raised, e)
-		default:
-			res.Skipped = append(res.Skipped, Skip{Index: e.Index, ID: e.ID, Reason: it.Reason()})
-		}
-	}
-	opts.Progress.Add(int64(len(entries)))
-	if len(raised) == 0 {
-		return nil
-	}
-	items, err = bulk(ctx, es, buf.Bytes())
-	if err != nil {
-		return fmt.Errorf("indexer: restore: %w", err)
-	}
-	for i, it := range items {
-		if it.Status < 300 {
-			res.Raised++
-		} else {
-			res.Skipped = append(res.Skipped, Skip{Index: raised[i].Index, ID: raised[i].ID, Reason: it.Reason()})
-		}
-	}
-	return nil
+	return b, nil
 }

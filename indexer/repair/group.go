@@ -28,6 +28,7 @@ const (
 	slotSourceIsKey // source_id is the group key (key source_id, legacy _id)
 	slotSourceOther // source_id in sourceIDs
 	slotUpdatedRaw  // updated-at in updatedRaw
+	slotVersioned
 )
 
 // grouper groups Docs by key.
@@ -68,6 +69,9 @@ func (g *grouper) add(key string, d Doc) {
 	if d.Tombstone {
 		s.flags |= slotTombstone
 	}
+	if d.Versioned {
+		s.flags |= slotVersioned
+	}
 	if d.Updated != "" {
 		if t, err := time.Parse(time.RFC3339Nano, d.Updated); err == nil {
 			s.updatedNS = t.UnixNano()
@@ -89,7 +93,7 @@ func (g *grouper) add(key string, d Doc) {
 }
 
 func (g *grouper) doc(key string, s slot) Doc {
-	d := Doc{Index: g.indices[s.index], ID: s.id, SourceID: s.id, SeqNo: s.seqNo, ESVersion: s.esVersion, Version: s.version, PrimaryTerm: int64(s.term), Tombstone: s.flags&slotTombstone != 0}
+	d := Doc{Index: g.indices[s.index], ID: s.id, SourceID: s.id, SeqNo: s.seqNo, ESVersion: s.esVersion, Version: s.version, PrimaryTerm: int64(s.term), Tombstone: s.flags&slotTombstone != 0, Versioned: s.flags&slotVersioned != 0}
 	switch {
 	case s.flags&slotSourceIsKey != 0:
 		d.SourceID = key

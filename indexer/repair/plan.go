@@ -22,15 +22,20 @@ type Doc struct {
 	ESVersion   int64  `json:"es_version"` // _version
 	SeqNo       int64  `json:"seq_no"`
 	PrimaryTerm int64  `json:"primary_term"`
-	// Version is what the keeper is ranked by: the source's version field
-	// when it holds an integer, else _version. Legacy writers used internal
-	// versioning, whose _version counts writes (1, 2, ...), not business
-	// versions, so the field wins when present; documents written by
-	// outboxd carry the business version as _version.
-	Version   int64  `json:"version"`
+	// Version is the business version when Versioned, else _version.
+	Version int64 `json:"version"`
+	// Versioned: Version is a business version, from the source's version
+	// field, or the _version of a document at _id = source_id in the write
+	// index, the only place the sink writes (external versions, which the
+	// gate compares events with). Elsewhere _version is a legacy writer's
+	// internal version: it counts writes (a copy edited 20 times is at 20)
+	// and says nothing about business versions.
+	Versioned bool   `json:"versioned,omitempty"`
 	SourceID  string `json:"source_id"` // the source_id field, else _id: where the document belongs
 	Updated   string `json:"updated,omitempty"`
 	Tombstone bool   `json:"tombstone,omitempty"`
+	// idSource: there is no source_id field; SourceID is the _id.
+	idSource bool
 }
 
 // keyOf extracts the grouping key and the ranking values from a hit
@@ -50,14 +55,14 @@ func keyOf(h ScanHit, key []string, versionField, updatedField string) (k string
 	if b, _ := fieldAt(src, indexer.TombstoneField).(bool); b {
 		d.Tombstone = true
 	}
-	d.SourceID = h.ID
+	d.SourceID, d.idSource = h.ID, true
 	if s := scalar(fieldAt(src, "source_id")); s != "" {
-		d.SourceID = s
+		d.SourceID, d.idSource = s, false
 	}
 	if versionField != "" {
 		if n, isNum := fieldAt(src, versionField).(json.Number); isNum {
 			if v, err := n.Int64(); err == nil {
-				d.Version = v
+				d.Version, d.Versioned = v, true
 			}
 		}
 	}
@@ -166,53 +171,76 @@ func updatedLess(a, b string) bool {
 	return a < b
 }
 
-// rank orders the documents of one group best first and says why
-// the first one is best. The rules, in order:
+// compare says whether a ranks before b, and why, by the first of
+// these rules that tells them apart:
 //
-//  1. higher Version;
-//  2. newer updated-at value;
-//  3. a document already at _id = source_id beats one at a random _id;
-//  4. a document in the write index beats one in an older index;
-//  5. smaller index name, then smaller _id (only so the choice is
+//  1. a business version beats none: a write count is no business version;
+//  2. higher business version;
+//  3. newer updated-at value;
+//  4. without business versions, more writes (_version): the copy the
+//     legacy writer kept editing;
+//  5. a document already at _id = source_id beats one at a random _id;
+//  6. a document in the write index beats one in an older index;
+//  7. smaller index name, then smaller _id (only so the choice is
 //     deterministic).
-//
-// Tombstones and live documents are ranked separately by chooseKeeper.
+func compare(a, b Doc, writeIndex, updatedField string) (less bool, why string) {
+	switch {
+	case a.Versioned != b.Versioned:
+		v, n := a, b
+		if b.Versioned {
+			v, n = b, a
+		}
+		return a.Versioned, fmt.Sprintf("business version %d; a copy without one (_version %d counts writes) cannot be newer", v.Version, n.Version)
+	case a.Versioned && a.Version != b.Version:
+		return a.Version > b.Version, fmt.Sprintf("highest version %d (next %d)", max(a.Version, b.Version), min(a.Version, b.Version))
+	case updatedLess(b.Updated, a.Updated):
+		return true, fmt.Sprintf("%s; newest %s %s (next %q)", versionTie(a), updatedField, a.Updated, b.Updated)
+	case updatedLess(a.Updated, b.Updated):
+		return false, fmt.Sprintf("%s; newest %s %s (next %q)", versionTie(a), updatedField, b.Updated, a.Updated)
+	case a.Version != b.Version:
+		return a.Version > b.Version, fmt.Sprintf("no business version; most writes (_version %d, next %d)", max(a.Version, b.Version), min(a.Version, b.Version))
+	}
+	if ac, bc := a.ID == a.SourceID, b.ID == b.SourceID; ac != bc {
+		return ac, fmt.Sprintf("%s and %s tie; _id equals source_id", versionTie(a), updatedField)
+	}
+	if aw, bw := a.Index == writeIndex, b.Index == writeIndex; aw != bw {
+		return aw, fmt.Sprintf("%s and %s tie; already in the write index", versionTie(a), updatedField)
+	}
+	if a.Index != b.Index {
+		return a.Index < b.Index, fmt.Sprintf("full tie at %s; first by index and _id", versionTie(a))
+	}
+	return a.ID < b.ID, fmt.Sprintf("full tie at %s; first by index and _id", versionTie(a))
+}
+
+func versionTie(d Doc) string {
+	if d.Versioned {
+		return fmt.Sprintf("version tie at %d", d.Version)
+	}
+	return "no business version"
+}
+
+// rank orders the documents of one group best first (see
+// compare) and says why the first one is best. Tombstones and live
+// documents are ranked separately by chooseKeeper.
 func rank(docs []Doc, writeIndex, updatedField string) string {
 	sort.SliceStable(docs, func(i, j int) bool {
-		a, b := docs[i], docs[j]
-		if a.Version != b.Version {
-			return a.Version > b.Version
-		}
-		if a.Updated != b.Updated {
-			return updatedLess(b.Updated, a.Updated)
-		}
-		if ac, bc := a.ID == a.SourceID, b.ID == b.SourceID; ac != bc {
-			return ac
-		}
-		if aw, bw := a.Index == writeIndex, b.Index == writeIndex; aw != bw {
-			return aw
-		}
-		if a.Index != b.Index {
-			return a.Index < b.Index
-		}
-		return a.ID < b.ID
+		less, _ := compare(docs[i], docs[j], writeIndex, updatedField)
+		return less
 	})
 	if len(docs) < 2 {
 		return "only candidate"
 	}
-	a, b := docs[0], docs[1]
-	switch {
-	case a.Version != b.Version:
-		return fmt.Sprintf("highest version %d (next %d)", a.Version, b.Version)
-	case a.Updated != b.Updated:
-		return fmt.Sprintf("version tie at %d; newest %s %s (next %q)", a.Version, updatedField, a.Updated, b.Updated)
-	case (a.ID == a.SourceID) != (b.ID == b.SourceID):
-		return fmt.Sprintf("version and %s tie; _id equals source_id", updatedField)
-	case (a.Index == writeIndex) != (b.Index == writeIndex):
-		return fmt.Sprintf("version and %s tie; already in the write index", updatedField)
-	default:
-		return fmt.Sprintf("full tie at version %d; first by index and _id", a.Version)
+	_, why := compare(docs[0], docs[1], writeIndex, updatedField)
+	return why
+}
+
+// atLeastAsNew reports whether tombstone t is at least as new as
+// live document l: a business version beats none, then versions compare.
+func atLeastAsNew(t, l Doc) bool {
+	if t.Versioned != l.Versioned {
+		return t.Versioned
 	}
+	return t.Version >= l.Version
 }
 
 // chooseKeeper picks the keeper of a group: it returns the keeper,
@@ -221,7 +249,8 @@ func rank(docs []Doc, writeIndex, updatedField string) string {
 // Live documents are ranked among themselves, tombstones among
 // themselves. A tombstone is an "invalid" document and never wins over a
 // live one by the ordinary rules, with one exception that matters: when
-// the newest tombstone's version is at least the newest live version, the
+// the newest tombstone's version is at least the newest live version (a
+// business version counting as newer than none; see atLeastAsNew), the
 // source was deleted after (or at the same version as) every live copy was
 // written. Keeping a live copy would be a resurrection, exactly what the
 // versioned pipeline exists to prevent, so the tombstone is the keeper
@@ -243,10 +272,14 @@ func chooseKeeper(docs []Doc, writeIndex, updatedField string) (keeper Doc, othe
 	case len(live) == 0:
 		keeper, others = dead[0], dead[1:]
 		return keeper, others, true, "only tombstones; the newest is kept (" + deadWhy + ")"
-	case len(dead) > 0 && dead[0].Version >= live[0].Version:
+	case len(dead) > 0 && atLeastAsNew(dead[0], live[0]):
 		keeper = dead[0]
 		others = append(append(others, dead[1:]...), live...)
-		return keeper, others, true, fmt.Sprintf("tombstone at version %d is at least as new as the newest live copy (version %d): the key stays deleted", dead[0].Version, live[0].Version)
+		newest := fmt.Sprintf("version %d", live[0].Version)
+		if !live[0].Versioned {
+			newest = "no business version"
+		}
+		return keeper, others, true, fmt.Sprintf("tombstone at version %d is at least as new as the newest live copy (%s): the key stays deleted", dead[0].Version, newest)
 	default:
 		keeper = live[0]
 		others = append(append(others, live[1:]...), dead...)

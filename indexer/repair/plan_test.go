@@ -11,7 +11,7 @@ func TestRepairKeeperChoice(t *testing.T) {
 	t.Parallel()
 	const w = "n-000001"
 	doc := func(index, id, sid string, v int64, upd string, tomb bool) Doc {
-		return Doc{Index: index, ID: id, SourceID: sid, Version: v, ESVersion: v, Updated: upd, Tombstone: tomb}
+		return Doc{Index: index, ID: id, SourceID: sid, Version: v, Versioned: true, ESVersion: v, Updated: upd, Tombstone: tomb}
 	}
 
 	t.Run("the highest version wins", func(t *testing.T) {
@@ -71,28 +71,28 @@ func TestRepairPlanGroup(t *testing.T) {
 	const w = "n-000001"
 	t.Run("a keeper at a random _id is rewritten over the canonical copy", func(t *testing.T) {
 		g, needed := planGroup("s", []Doc{
-			{Index: w, ID: "s", SourceID: "s", Version: 2, ESVersion: 2},
-			{Index: w, ID: "r", SourceID: "s", Version: 3, ESVersion: 1},
+			{Index: w, ID: "s", SourceID: "s", Versioned: true, Version: 2, ESVersion: 2},
+			{Index: w, ID: "r", SourceID: "s", Versioned: true, Version: 3, ESVersion: 1},
 		}, w, "updated_at")
 		if !needed || !g.Rewrite || g.Overwrites == nil || g.Overwrites.ID != "s" || len(g.Remove) != 1 || g.Remove[0].ID != "r" || g.Conflict != "" {
 			t.Fatalf("%+v", g)
 		}
 	})
 	t.Run("a single document in place needs nothing", func(t *testing.T) {
-		if _, needed := planGroup("s", []Doc{{Index: w, ID: "s", SourceID: "s", Version: 1}}, w, ""); needed {
+		if _, needed := planGroup("s", []Doc{{Index: w, ID: "s", SourceID: "s", Versioned: true, Version: 1}}, w, ""); needed {
 			t.Fatal("needed")
 		}
 	})
 	t.Run("a single legacy document moves to its source_id", func(t *testing.T) {
-		g, needed := planGroup("s", []Doc{{Index: w, ID: "r", SourceID: "s", Version: 1}}, w, "")
+		g, needed := planGroup("s", []Doc{{Index: w, ID: "r", SourceID: "s", Versioned: true, Version: 1}}, w, "")
 		if !needed || !g.Rewrite || g.Overwrites != nil || len(g.Remove) != 1 {
 			t.Fatalf("%+v", g)
 		}
 	})
 	t.Run("a target holding a higher _version is a conflict", func(t *testing.T) {
 		g, _ := planGroup("s", []Doc{
-			{Index: w, ID: "s", SourceID: "s", Version: 2, ESVersion: 9},
-			{Index: w, ID: "r", SourceID: "s", Version: 3, ESVersion: 1},
+			{Index: w, ID: "s", SourceID: "s", Versioned: true, Version: 2, ESVersion: 9},
+			{Index: w, ID: "r", SourceID: "s", Versioned: true, Version: 3, ESVersion: 1},
 		}, w, "")
 		if g.Conflict == "" {
 			t.Fatalf("%+v", g)

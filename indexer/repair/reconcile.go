@@ -3,12 +3,16 @@ package repair
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/outbox"
@@ -23,6 +27,9 @@ const (
 	DriftDuplicate   = "duplicate"   // several live documents for one source_id
 	DriftAhead       = "ahead"       // visible at a higher version than the source's (reported, not fixed)
 )
+
+// DefaultSourceTimeout is how long reconcile's source SQL may run by default.
+const DefaultSourceTimeout = 5 * time.Minute
 
 // ReconcileOptions configures Reconcile.
 type ReconcileOptions struct {
@@ -40,6 +47,17 @@ type ReconcileOptions struct {
 	// the source at this version". Sources absent from the result are not
 	// in the source at all.
 	SourceSQL string
+	// VersionField, for legacy indexes only, names the document field that
+	// holds a document's version. Empty (the default) compares _version,
+	// which is the event's version for every document outboxd wrote
+	// (external versioning); a field of the same name in a document is
+	// then just data.
+	VersionField string
+	// SourceTimeout bounds SourceSQL, which runs in a READ ONLY
+	// transaction with this statement_timeout, so a query that writes or
+	// runs away is refused instead of changing or holding the database;
+	// 0 means DefaultSourceTimeout.
+	SourceTimeout time.Duration
 	// Apply appends fix events to the outbox (see Reconcile).
 	Apply bool
 	// Sample is the number of samples kept per kind; 0 means 10.
@@ -101,7 +119,9 @@ type reconState struct {
 
 // Reconcile compares the database's truth (SourceSQL) with every document
 // behind Index and reports missing, stale, extra, resurrected, duplicate
-// and ahead documents, with counts and samples.
+// and ahead documents, with counts and samples. A document's version is its
+// _version, which outboxd sets to the event's version; VersionField reads
+// it from the document instead, for indexes written by something else.
 //
 // The index is scanned first into per-source_id state (a few integers per
 // key), then the SQL result is streamed against it, so memory grows with
@@ -136,9 +156,14 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		return nil, fmt.Errorf("indexer: reconcile: index: must not be empty")
 	case strings.TrimSpace(opts.SourceSQL) == "":
 		return nil, fmt.Errorf("indexer: reconcile: source_sql: must not be empty")
+	case strings.HasPrefix(opts.VersionField, "_"):
+		return nil, fmt.Errorf("indexer: reconcile: version_field: %q is a metadata field; leave it empty to compare _version", opts.VersionField)
 	}
 	if opts.Sample <= 0 {
 		opts.Sample = 10
+	}
+	if opts.SourceTimeout <= 0 {
+		opts.SourceTimeout = DefaultSourceTimeout
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 500
@@ -163,9 +188,9 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		opts.Progress.SetTotal(n)
 	}
 	states := map[string]reconState{}
-	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: sourceFields(nil, "version", ""), Progress: opts.Progress, Refresh: true}, func(h ScanHit) error {
+	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: sourceFields(nil, opts.VersionField, ""), Progress: opts.Progress, Refresh: true}, func(h ScanHit) error {
 		rep.IndexDocs++
-		sid, d, _, err := keyOf(h, []string{"source_id"}, "version", "")
+		sid, d, _, err := keyOf(h, []string{"source_id"}, opts.VersionField, "")
 		if err != nil {
 			return err
 		}
@@ -199,13 +224,27 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		}
 	}
 
-	rows, err := opts.DB.Query(ctx, opts.SourceSQL)
+	src, err := opts.DB.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, fmt.Errorf("indexer: reconcile: source_sql: %w", err)
+		return nil, fmt.Errorf("indexer: reconcile: source_sql: begin: %w", err)
+	}
+	defer src.Rollback(context.WithoutCancel(ctx))
+	if _, err := src.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.FormatInt(opts.SourceTimeout.Milliseconds(), 10)); err != nil {
+		return nil, fmt.Errorf("indexer: reconcile: source_sql: set statement_timeout: %w", err)
+	}
+	rows, err := src.Query(ctx, opts.SourceSQL)
+	if err != nil {
+		return nil, sourceError(ctx, err, opts.SourceTimeout)
 	}
 	defer rows.Close()
 	cols := len(rows.FieldDescriptions())
 	if cols != 3 && cols != 4 {
+		// pgx reports a failed statement on Close, not on Query: the
+		// guard's refusals arrive here with no columns.
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, sourceError(ctx, err, opts.SourceTimeout)
+		}
 		return nil, fmt.Errorf("indexer: reconcile: source_sql: returns %d columns; want source_id, version, document[, deleted]", cols)
 	}
 	for rows.Next() {
@@ -275,7 +314,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("indexer: reconcile: source_sql: %w", err)
+		return nil, sourceError(ctx, err, opts.SourceTimeout)
 	}
 	rows.Close()
 
@@ -305,6 +344,21 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		return nil, err
 	}
 	return rep, nil
+}
+
+// sourceError names the two ways the guard around SourceSQL refuses it.
+func sourceError(ctx context.Context, err error, timeout time.Duration) error {
+	var pgErr *pgconn.PgError
+	// A canceled ctx also ends the statement with query_canceled.
+	if ctx.Err() == nil && errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "25006": // read_only_sql_transaction
+			return fmt.Errorf("indexer: reconcile: source_sql: must only read; it runs in a READ ONLY transaction: %w", err)
+		case "57014": // query_canceled: statement_timeout
+			return fmt.Errorf("indexer: reconcile: source_sql: did not finish within the source timeout of %s (statement_timeout): %w", timeout, err)
+		}
+	}
+	return fmt.Errorf("indexer: reconcile: source_sql: %w", err)
 }
 
 // reconFixer batches fix events into outbox transactions (or only counts

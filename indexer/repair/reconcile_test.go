@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -164,6 +165,140 @@ func TestReconcile(t *testing.T) {
 		left := map[string]int64{DriftMissing: 0, DriftStale: 0, DriftExtra: 0, DriftResurrected: 0, DriftDuplicate: 1, DriftAhead: 2}
 		if !reflect.DeepEqual(again.Counts, left) {
 			t.Fatalf("after delivering the fixes: counts %v, want %v", again.Counts, left)
+		}
+	})
+
+	// deliver writes the outbox's events as the sink would: external_gte at
+	// the event's version, a tombstone for a delete.
+	deliver := func(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *testIndex) {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT source_id, version, op, document FROM "`+schemaName+`".events ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var sid, op string
+			var v int64
+			var doc []byte
+			if err := rows.Scan(&sid, &v, &op, &doc); err != nil {
+				t.Fatal(err)
+			}
+			if op == "delete" {
+				doc = []byte(tombstoneBody())
+			}
+			ri.put(t, ri.write, sid, v, string(doc))
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		ri.refresh(t)
+	}
+
+	t.Run("a document's own version field is data: it reconciles clean and a second apply appends nothing", func(t *testing.T) {
+		t.Parallel()
+		pool, schemaName := schematest.Setup(t)
+		ri := setupIndex(t, false)
+		table := `"` + schemaName + `".apps`
+		// "version" in the body is the app's release, not the row's version.
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id text, version bigint, doc jsonb);
+			INSERT INTO `+table+` VALUES ('app', 3, '{"name":"app","version":1}'), ('new', 1, '{"name":"new","version":9}')`); err != nil {
+			t.Fatal(err)
+		}
+		ri.put(t, ri.write, "app", 3, `{"name":"app","version":1}`)
+		ri.refresh(t)
+		sql := `SELECT id, version, doc FROM ` + table
+		opts := ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true}
+		rep, err := Reconcile(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int64{DriftMissing: 1, DriftStale: 0, DriftExtra: 0, DriftResurrected: 0, DriftDuplicate: 0, DriftAhead: 0}
+		if !reflect.DeepEqual(rep.Counts, want) || rep.Events != 1 {
+			t.Fatalf("first run: counts %v, %d events; want only the missing document", rep.Counts, rep.Events)
+		}
+		deliver(t, pool, schemaName, ri)
+		again, err := Reconcile(ctx, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Drifted() || again.Events != 0 {
+			t.Fatalf("second run: counts %v, %d events appended; want none", again.Counts, again.Events)
+		}
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM "`+schemaName+`".events`).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("%d events in the outbox (%v), want the one fix", n, err)
+		}
+	})
+
+	t.Run("a version field compares a legacy index by the document's field", func(t *testing.T) {
+		t.Parallel()
+		pool, schemaName := schematest.Setup(t)
+		ri := setupIndex(t, false)
+		table := `"` + schemaName + `".legacy`
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id text, version bigint, doc jsonb);
+			INSERT INTO `+table+` VALUES ('same', 5, '{"rev":5}'), ('behind', 7, '{"rev":7}')`); err != nil {
+			t.Fatal(err)
+		}
+		// A legacy writer: internal versioning, so _version is 1.
+		ri.put(t, ri.write, "same", 0, `{"rev":5}`)
+		ri.put(t, ri.write, "behind", 0, `{"rev":6}`)
+		ri.refresh(t)
+		sql := `SELECT id, version, doc FROM ` + table
+		rep, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "rev"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Counts[DriftStale] != 1 || rep.Counts[DriftAhead] != 0 || len(rep.Samples[DriftStale]) != 1 ||
+			rep.Samples[DriftStale][0].SourceID != "behind" || rep.Samples[DriftStale][0].IndexVersion != 6 {
+			t.Fatalf("counts %v samples %+v, want only behind stale at rev 6", rep.Counts, rep.Samples)
+		}
+		if _, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "_version"}); err == nil || !strings.Contains(err.Error(), "version_field") {
+			t.Fatalf("a metadata version field: %v, want a version_field error", err)
+		}
+	})
+
+	t.Run("source SQL that writes is refused and writes nothing", func(t *testing.T) {
+		t.Parallel()
+		pool, schemaName, ri, _ := setup(t)
+		s := `"` + schemaName + `"`
+		if _, err := pool.Exec(ctx, `CREATE TABLE `+s+`.victims (id text, version bigint, doc jsonb);
+			INSERT INTO `+s+`.victims VALUES ('a', 1, '{}'), ('b', 1, '{}');
+			CREATE FUNCTION `+s+`.sneaky() RETURNS SETOF `+s+`.victims LANGUAGE sql AS
+				$$ INSERT INTO `+s+`.victims VALUES ('c', 1, '{}') RETURNING * $$`); err != nil {
+			t.Fatal(err)
+		}
+		for _, sql := range []string{
+			`WITH d AS (DELETE FROM ` + s + `.victims RETURNING id, version, doc) SELECT * FROM d`,
+			`SELECT * FROM ` + s + `.sneaky()`,
+			`SELECT id, version, doc FROM ` + s + `.victims FOR UPDATE`,
+		} {
+			_, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true})
+			if err == nil || !strings.Contains(err.Error(), "source_sql: must only read") {
+				t.Errorf("%s: %v, want a read-only refusal", sql, err)
+			}
+		}
+		var ids string
+		if err := pool.QueryRow(ctx, `SELECT string_agg(id, ',' ORDER BY id) FROM `+s+`.victims`).Scan(&ids); err != nil || ids != "a,b" {
+			t.Fatalf("the table holds %q (%v), want a,b untouched", ids, err)
+		}
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.events`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%d events appended (%v)", n, err)
+		}
+	})
+
+	t.Run("source SQL that runs past the source timeout fails saying so", func(t *testing.T) {
+		t.Parallel()
+		pool, schemaName, ri, _ := setup(t)
+		start := time.Now()
+		_, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name,
+			SourceSQL: `SELECT 'a', 1, '{}'::jsonb FROM pg_sleep(30)`, SourceTimeout: 300 * time.Millisecond})
+		if err == nil || !strings.Contains(err.Error(), "did not finish within the source timeout of 300ms") {
+			t.Fatalf("got %v, want a source timeout error", err)
+		}
+		if d := time.Since(start); d > 20*time.Second {
+			t.Fatalf("took %s: the timeout did not stop the query", d)
 		}
 	})
 

@@ -4,17 +4,21 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
+
+	"github.com/outboxd/outboxd/indexer"
 )
 
 // Options says what PlanDuplicates scans and how it groups.
 type Options struct {
-	// Index is the write alias N (its concrete indices are all scanned) or
-	// a concrete index. A filtered alias (such as N-read) is refused: it
+	// Index is the index name N (the concrete indices behind N-write, or
+	// behind N in the layout of older releases, are all scanned) or a
+	// concrete index. Another filtered alias (such as N-read) is refused: it
 	// hides tombstones and has no write index.
 	Index string
 	// Key is the grouping key: ["source_id"] (the default: the source_id
@@ -22,7 +26,7 @@ type Options struct {
 	// business key. See ParseKey.
 	Key []string
 	// VersionField is the source field holding the business version;
-	// "" means "version". Documents without it rank by _version.
+	// "" means "version". See Doc.Versioned for documents without it.
 	VersionField string
 	// UpdatedField breaks version ties; "" means "updated_at".
 	UpdatedField string
@@ -30,6 +34,13 @@ type Options struct {
 	PageSize int
 	// Progress, if set, counts scanned documents.
 	Progress *Progress
+	// IncludeMissingKey groups documents that have no source_id field and
+	// are outside the write index by their _id (key source_id, alone or in
+	// a business key). By default they lack the key and are left alone:
+	// their _id may be a legacy random one. In the write index the _id
+	// stands for a missing source_id field, because that is where the sink
+	// writes each source under _id = source_id.
+	IncludeMissingKey bool
 }
 
 // Group is one key's planned repair.
@@ -43,6 +54,12 @@ type Group struct {
 	// Version with version_type=external_gte, because it is not there yet.
 	Rewrite  bool   `json:"rewrite,omitempty"`
 	TargetID string `json:"target_id"`
+	// Version is what the rewrite writes the keeper at, and VersionReason
+	// why: its business version, or the lowest version when it has none,
+	// so that no event the outbox sends for the source is stale because of
+	// a write count.
+	Version       int64  `json:"version,omitempty"`
+	VersionReason string `json:"version_reason,omitempty"`
 	// Overwrites is the group's document at the target that the rewrite
 	// replaces (backed up, not deleted); nil when the rewrite creates it.
 	Overwrites *Doc   `json:"overwrites,omitempty"`
@@ -64,7 +81,11 @@ type Plan struct {
 	Scanned      int64    `json:"scanned"`
 	Keys         int64    `json:"keys"`
 	Ungroupable  int64    `json:"ungroupable"` // documents missing the key: left alone
-	Groups       []Group  `json:"groups"`
+	// KeyedByID counts documents grouped by _id for lack of a source_id
+	// field (Options.IncludeMissingKey).
+	KeyedByID         int64   `json:"keyed_by_id"`
+	IncludeMissingKey bool    `json:"include_missing_key"`
+	Groups            []Group `json:"groups"`
 }
 
 // Summary counts a plan.
@@ -72,6 +93,7 @@ type Summary struct {
 	Scanned     int64 `json:"scanned"`
 	Keys        int64 `json:"keys"`
 	Ungroupable int64 `json:"ungroupable"`
+	KeyedByID   int64 `json:"keyed_by_id"`
 	Groups      int   `json:"groups"`     // groups needing work
 	Duplicated  int   `json:"duplicated"` // groups with more than one document
 	Remove      int   `json:"remove"`
@@ -83,7 +105,7 @@ type Summary struct {
 
 // Summary counts the plan.
 func (p *Plan) Summary() Summary {
-	s := Summary{Scanned: p.Scanned, Keys: p.Keys, Ungroupable: p.Ungroupable, Groups: len(p.Groups)}
+	s := Summary{Scanned: p.Scanned, Keys: p.Keys, Ungroupable: p.Ungroupable, KeyedByID: p.KeyedByID, Groups: len(p.Groups)}
 	for _, g := range p.Groups {
 		if g.Conflict != "" {
 			s.Conflicts++
@@ -126,9 +148,9 @@ func (p *Plan) WriteText(w io.Writer) error {
 		fmt.Fprintf(bw, "  %s %s/%s (version %d, _version %d): %s\n", what, g.Keeper.Index, g.Keeper.ID, g.Keeper.Version, g.Keeper.ESVersion, g.Reason)
 		if g.Rewrite {
 			if g.Overwrites != nil {
-				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d, replacing _version %d\n", p.WriteIndex, g.TargetID, g.Keeper.Version, g.Overwrites.ESVersion)
+				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d (%s), replacing _version %d\n", p.WriteIndex, g.TargetID, g.Version, g.VersionReason, g.Overwrites.ESVersion)
 			} else {
-				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d (new _id)\n", p.WriteIndex, g.TargetID, g.Keeper.Version)
+				fmt.Fprintf(bw, "  rewrite as %s/%s at version %d (%s; new _id)\n", p.WriteIndex, g.TargetID, g.Version, g.VersionReason)
 			}
 		}
 		for _, d := range g.Remove {
@@ -140,8 +162,15 @@ func (p *Plan) WriteText(w io.Writer) error {
 		}
 	}
 	s := p.Summary()
-	fmt.Fprintf(bw, "summary: index %s (%s), key %s: scanned %d documents, %d keys, %d without key (left alone); %d groups to repair (%d with duplicates, %d stay deleted, %d conflicts skipped): remove %d documents, rewrite %d keepers (%d new _ids)\n",
-		p.Index, strings.Join(p.Indices, ","), strings.Join(p.Key, ","), s.Scanned, s.Keys, s.Ungroupable, s.Groups, s.Duplicated, s.Deleted, s.Conflicts, s.Remove, s.Rewrite, s.Create)
+	missing := "left alone"
+	switch {
+	case p.IncludeMissingKey:
+		missing = fmt.Sprintf("left alone; %d more without a source_id field grouped by _id", s.KeyedByID)
+	case slices.Contains(p.Key, "source_id"):
+		missing = "left alone; --include-missing-key groups those without a source_id field by _id"
+	}
+	fmt.Fprintf(bw, "summary: index %s (%s), key %s: scanned %d documents, %d keys, %d without key (%s); %d groups to repair (%d with duplicates, %d stay deleted, %d conflicts skipped): remove %d documents, rewrite %d keepers (%d new _ids)\n",
+		p.Index, strings.Join(p.Indices, ","), strings.Join(p.Key, ","), s.Scanned, s.Keys, s.Ungroupable, missing, s.Groups, s.Duplicated, s.Deleted, s.Conflicts, s.Remove, s.Rewrite, s.Create)
 	return bw.err
 }
 
@@ -170,6 +199,10 @@ func (e *errWriter) Write(b []byte) (int, error) {
 // only document is not at _id = source_id in the write index (a legacy
 // random _id, or a copy left in an older index): a later outbox event
 // would otherwise create a second copy beside it.
+//
+// Documents without the key (see Options.IncludeMissingKey) are
+// counted as Ungroupable and never written: a rewrite whose new _id holds
+// one is a conflict.
 func PlanDuplicates(ctx context.Context, es *elasticsearch.Client, opts Options) (*Plan, error) {
 	if opts.Index == "" {
 		return nil, fmt.Errorf("indexer: repair: index: must not be empty")
@@ -183,11 +216,15 @@ func PlanDuplicates(ctx context.Context, es *elasticsearch.Client, opts Options)
 	if opts.UpdatedField == "" {
 		opts.UpdatedField = "updated_at"
 	}
+	keyHasSourceID := slices.Contains(opts.Key, "source_id")
+	if opts.IncludeMissingKey && !keyHasSourceID {
+		return nil, fmt.Errorf("indexer: repair: include_missing_key: only a key with source_id can fall back to _id; documents without %s have nothing to group by", strings.Join(opts.Key, ","))
+	}
 	indices, writeIndex, err := resolve(ctx, es, opts.Index)
 	if err != nil {
 		return nil, err
 	}
-	plan := &Plan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField}
+	plan := &Plan{Index: opts.Index, WriteAlias: opts.Index, WriteIndex: writeIndex, Indices: indices, Key: opts.Key, UpdatedField: opts.UpdatedField, IncludeMissingKey: opts.IncludeMissingKey}
 	if n, err := scanCount(ctx, es, indices); err == nil {
 		opts.Progress.SetTotal(n)
 	}
@@ -205,10 +242,17 @@ func PlanDuplicates(ctx context.Context, es *elasticsearch.Client, opts Options)
 		if err != nil {
 			return err
 		}
+		if ok && d.idSource && keyHasSourceID && d.Index != writeIndex {
+			ok = opts.IncludeMissingKey
+			if ok {
+				plan.KeyedByID++
+			}
+		}
 		if !ok {
 			plan.Ungroupable++
 			return nil
 		}
+		d.Versioned = d.Versioned || (d.Index == writeIndex && d.ID == d.SourceID)
 		groups.add(k, d)
 		return nil
 	})
@@ -248,8 +292,47 @@ func PlanDuplicates(ctx context.Context, es *elasticsearch.Client, opts Options)
 			}
 		})
 	}
+	if plan.Ungroupable > 0 {
+		if err := checkFreeTargets(ctx, es, plan); err != nil {
+			return nil, err
+		}
+	}
 	sort.Slice(plan.Groups, func(i, j int) bool { return plan.Groups[i].Key < plan.Groups[j].Key })
 	return plan, nil
+}
+
+// checkFreeTargets marks as conflicts the rewrites whose new _id is
+// taken by a document the scan left ungrouped (it lacks the key): the
+// rewrite would replace a document the repair must leave alone.
+func checkFreeTargets(ctx context.Context, es *elasticsearch.Client, plan *Plan) error {
+	var refs []docRef
+	var at []int
+	check := func() error {
+		got, err := mget(ctx, es, refs, false)
+		if err != nil {
+			return fmt.Errorf("indexer: repair: %w", err)
+		}
+		for i, r := range refs {
+			if got[r].Found {
+				plan.Groups[at[i]].Conflict = fmt.Sprintf("target %s/%s holds a document without the key (left alone)", r.index, r.id)
+			}
+		}
+		refs, at = refs[:0], at[:0]
+		return nil
+	}
+	for i, g := range plan.Groups {
+		if !g.Rewrite || g.Overwrites != nil || g.Conflict != "" {
+			continue
+		}
+		refs = append(refs, docRef{plan.WriteIndex, g.TargetID})
+		at = append(at, i)
+		if len(refs) == 1000 {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+	}
+	return check()
 }
 
 // planGroup decides one group; needed is false when it is already
@@ -277,11 +360,22 @@ func planGroup(key string, docs []Doc, writeIndex, updatedField string) (Group, 
 	if len(docs) == 1 {
 		g.Reason = "single document not at _id = source_id in the write index; moved there"
 	}
-	if g.Overwrites != nil && g.Overwrites.ESVersion > keeper.Version {
+	if g.Rewrite {
+		g.Version, g.VersionReason = keeper.Version, "its business version"
+		if !keeper.Versioned {
+			// Only a business version may raise the gate: a write count
+			// above the application's versions would make its next
+			// updates stale. The ranking puts business versions first,
+			// so a keeper without one has no versioned copy beside it.
+			g.Version = 1
+			g.VersionReason = fmt.Sprintf("no copy has a business version (_version %d counts writes), so the lowest: every event the outbox sends for it applies", keeper.ESVersion)
+		}
+	}
+	if g.Overwrites != nil && g.Overwrites.ESVersion > g.Version {
 		// external_gte would refuse the rewrite (typical of legacy internal
 		// versions); forcing a higher version would make later outbox
 		// events stale, so the operator decides.
-		g.Conflict = fmt.Sprintf("target %s/%s holds _version %d, above the keeper's version %d", writeIndex, g.TargetID, g.Overwrites.ESVersion, keeper.Version)
+		g.Conflict = fmt.Sprintf("target %s/%s holds _version %d, above the keeper's version %d", writeIndex, g.TargetID, g.Overwrites.ESVersion, g.Version)
 	}
 	return g, true
 }
@@ -289,6 +383,15 @@ func planGroup(key string, docs []Doc, writeIndex, updatedField string) (Group, 
 // resolve returns the concrete indices behind name and the write
 // index. A concrete index is its own write index.
 func resolve(ctx context.Context, es *elasticsearch.Client, name string) ([]string, string, error) {
+	// N is a filtered alias; the operator means the index behind it, which
+	// N-write shows whole.
+	if !strings.HasSuffix(name, indexer.WriteAlias("")) {
+		target, err := indexer.WriteTarget(ctx, es, name)
+		if err != nil {
+			return nil, "", err
+		}
+		name = target
+	}
 	var aliases map[string]struct {
 		Aliases map[string]struct {
 			IsWriteIndex *bool          `json:"is_write_index"`

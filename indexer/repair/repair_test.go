@@ -30,7 +30,7 @@ func seedDuplicates(t *testing.T, ri *testIndex) {
 	ri.put(t, w, "r2", 0, `{"source_id":"s2","version":4,"title":"live"}`)
 
 	ri.put(t, w, "s3", 6, `{"title":"w6"}`)
-	ri.put(t, o, "s3", 7, `{"title":"o7"}`)
+	ri.put(t, o, "s3", 7, `{"source_id":"s3","version":7,"title":"o7"}`)
 
 	ri.put(t, w, "s4", 2, `{"title":"canonical"}`)
 	ri.put(t, w, "r4", 0, `{"source_id":"s4","version":1,"title":"legacy"}`)
@@ -122,7 +122,7 @@ func TestRepair(t *testing.T) {
 		want := map[string]string{
 			w + "/s1": `{"source_id":"s1","version":3,"title":"v3"}`,
 			w + "/s2": tombstoneBody(),
-			w + "/s3": `{"title":"o7"}`,
+			w + "/s3": `{"source_id":"s3","version":7,"title":"o7"}`,
 			w + "/s4": `{"title":"canonical"}`,
 			w + "/r4": `{"source_id":"s4","version":1,"title":"legacy, edited"}`,
 			w + "/s5": `{"title":"fine"}`,

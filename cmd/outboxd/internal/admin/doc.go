@@ -10,7 +10,8 @@
 //     request carries "Authorization: Bearer <token>" or HTTP Basic
 //     credentials whose password is the token (so a browser can open the
 //     page: it prompts once and sends the credentials with the page's own
-//     requests). The token is never logged.
+//     requests). The token is never logged, and the error texts /readyz
+//     and /api/summary show pass through Config.Redact.
 //   - /metrics serves the injected Gatherer plus, computed at scrape time
 //     from Stats, outboxd_backlog_events{stream},
 //     outboxd_oldest_unacked_age_seconds{stream},

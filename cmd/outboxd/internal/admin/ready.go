@@ -35,7 +35,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				res.Ready = false
 				res.Failing = append(res.Failing, name)
-				res.Checks[name] = "failing: " + err.Error()
+				res.Checks[name] = "failing: " + s.cfg.Redact(err.Error())
 				return
 			}
 			res.Checks[name] = "ok"

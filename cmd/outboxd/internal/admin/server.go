@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,6 +38,9 @@ type Config struct {
 	Role   func() map[string]bool
 	Jobs   func() []jobs.Status
 	Logger *slog.Logger
+	// Redact cleans the error texts the server shows (a library's error
+	// may quote a connection string); default: unchanged.
+	Redact func(string) string
 
 	CacheTTL       time.Duration // Stats cache; default 1s
 	SampleInterval time.Duration // history sampling; default 5s
@@ -48,6 +52,7 @@ type Server struct {
 	cfg     Config
 	ln      net.Listener
 	srv     *http.Server
+	fresh   *freshConns
 	stats   *statsCache
 	own     *prometheus.Registry // the Stats-derived gauges
 	history *history
@@ -82,6 +87,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Redact == nil {
+		cfg.Redact = func(s string) string { return s }
+	}
 	if cfg.CacheTTL <= 0 {
 		cfg.CacheTTL = time.Second
 	}
@@ -113,21 +121,33 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("admin: listen on %s (flag --admin-addr): %w", cfg.Addr, err)
 	}
 	s.ln = ln
+	s.fresh = &freshConns{m: map[net.Conn]struct{}{}}
 	s.srv = &http.Server{
 		Handler:           mux,
+		ConnState:         s.fresh.track,
 		ReadHeaderTimeout: 10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
+	// Shutdown counts a connection that has sent no request yet (a
+	// browser's preconnect, a TCP health check) as busy for 5s; it runs
+	// this once its listener is closed.
+	s.srv.RegisterOnShutdown(s.fresh.closeAll)
 	return s, nil
 }
 
 // Addr is the address the server listens on, e.g. "127.0.0.1:9464".
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
+// shutdownGrace is how long requests in progress may finish after ctx
+// ends; then their connections are closed. It bounds how long the admin
+// server can hold up the relay's exit.
+const shutdownGrace = time.Second
+
 // Run serves and samples history until ctx ends, then shuts down
-// gracefully (in-flight requests get 5s).
+// gracefully: idle connections close at once, requests in progress get
+// shutdownGrace.
 func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("admin: serving", "addr", "http://"+s.Addr()+"/", "auth", s.cfg.Token != "")
 	sctx, stopSampling := context.WithCancel(ctx)
@@ -142,8 +162,12 @@ func (s *Server) Run(ctx context.Context) error {
 	var err error
 	select {
 	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		err = s.srv.Shutdown(sctx)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+		if err = s.srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
+			// Requests still running past the grace are cut off: shutdown
+			// is not a failure of the server.
+			err = s.srv.Close()
+		}
 		cancel()
 		<-errc
 	case err = <-errc:
@@ -199,6 +223,30 @@ func presented(r *http.Request) []byte {
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	fmt.Fprintln(w, "ok")
+}
+
+// freshConns are the connections that have not sent a request yet.
+type freshConns struct {
+	mu sync.Mutex
+	m  map[net.Conn]struct{}
+}
+
+func (f *freshConns) track(c net.Conn, st http.ConnState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st == http.StateNew {
+		f.m[c] = struct{}{}
+	} else {
+		delete(f.m, c)
+	}
+}
+
+func (f *freshConns) closeAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for c := range f.m {
+		_ = c.Close()
+	}
 }
 
 type slogPrinter struct{ l *slog.Logger }

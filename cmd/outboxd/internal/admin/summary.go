@@ -116,7 +116,8 @@ type Totals struct {
 	Parked         int64   `json:"dead_letters_parked"`
 	Retained       int64   `json:"events_retained"`
 	Streams        int     `json:"streams"`
-	LeaderlessLive int     `json:"streams_without_leader"`
+	LeaderlessLive int     `json:"streams_without_leader"` // abandoned streams excluded
+	Abandoned      int     `json:"streams_abandoned"`
 	LeadingHere    int     `json:"streams_led_here"`
 }
 
@@ -189,7 +190,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 
 	st, err := s.stats.get(ctx)
 	if err != nil {
-		sum.StatsError = err.Error()
+		sum.StatsError = s.cfg.Redact(err.Error())
 	}
 	seen := map[string]bool{}
 	if st != nil {
@@ -206,7 +207,13 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 			sum.Streams = append(sum.Streams, v)
 			sum.Totals.Backlog += ss.Backlog
 			sum.Totals.OldestAge = max(sum.Totals.OldestAge, ss.OldestAge)
-			if ss.LeaderPID == 0 {
+			switch {
+			case ss.Abandoned:
+				// Left behind by a change of partitions, stream or
+				// indexes: nobody should lead it, but it holds
+				// retention back until dropped.
+				sum.Totals.Abandoned++
+			case ss.LeaderPID == 0:
 				sum.Totals.LeaderlessLive++
 			}
 		}
@@ -234,6 +241,9 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 	sort.Slice(sum.Indexes, func(a, b int) bool { return sum.Indexes[a].Index < sum.Indexes[b].Index })
 	if s.cfg.Jobs != nil {
 		sum.Jobs = s.cfg.Jobs()
+		for i := range sum.Jobs {
+			sum.Jobs[i].LastError = s.cfg.Redact(sum.Jobs[i].LastError)
+		}
 	}
 	return sum
 }

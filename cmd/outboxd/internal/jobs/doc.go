@@ -20,6 +20,8 @@
 //     outboxd_job_skips_total and outboxd_job_duration_seconds, labelled
 //     job_name (not "job", which Prometheus reserves for the scrape job and
 //     would rename to exported_job).
+//   - Every run has a deadline (Config.Timeout): its context is cancelled
+//     then and the run is recorded as failed ("run timed out after ...").
 //   - Stop stops scheduling, cancels the context of running jobs and waits
 //     for them to return: jobs must stop promptly when their context ends.
 package jobs

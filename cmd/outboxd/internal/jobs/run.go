@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"time"
@@ -20,6 +21,11 @@ func (s *Scheduler) run(ctx context.Context, j *job) error {
 		return fmt.Errorf("jobs: run %q: config: Pool is required", j.name)
 	}
 	j.tick("", true)
+	if s.cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, s.cfg.Timeout, fmt.Errorf("%w after %v", ErrTimedOut, s.cfg.Timeout))
+		defer cancel()
+	}
 	conn, err := s.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		j.tick("failed", false)
@@ -67,6 +73,10 @@ func (s *Scheduler) run(ctx context.Context, j *job) error {
 	start := time.Now()
 	runErr := call(ctx, j.fn)
 	d := time.Since(start)
+	if cause := context.Cause(ctx); runErr != nil && errors.Is(cause, ErrTimedOut) {
+		// The job's own error is often just "context deadline exceeded".
+		runErr = fmt.Errorf("%w: %w", cause, runErr)
+	}
 
 	s.metrics.runs.WithLabelValues(j.name).Inc()
 	s.metrics.duration.WithLabelValues(j.name).Observe(d.Seconds())

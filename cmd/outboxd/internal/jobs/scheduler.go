@@ -22,6 +22,10 @@ import (
 // the job's lock, so this one did not run it.
 var ErrSkipped = errors.New("skipped: another replica")
 
+// ErrTimedOut is wrapped in the error of a run that Config.Timeout cut
+// short.
+var ErrTimedOut = errors.New("run timed out")
+
 // IsSkipped reports whether err means the run was left to another replica.
 func IsSkipped(err error) bool { return errors.Is(err, ErrSkipped) }
 
@@ -33,6 +37,10 @@ type Config struct {
 	Logger     *slog.Logger
 	// Location interprets 5-field schedules; default time.Local.
 	Location *time.Location
+	// Timeout is each run's deadline, from taking its lock to the job's
+	// return: a run still going then has its context cancelled and is
+	// recorded as failed. 0 means none.
+	Timeout time.Duration
 }
 
 // Status is what the page and the CLI show about one job. Runs, Failures,

@@ -284,3 +284,30 @@ func counter(t *testing.T, g prometheus.Gatherer, name, job string) float64 {
 	}
 	return 0
 }
+
+func TestJobsTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	s := jobs.New(jobs.Config{Pool: e.pool, Schema: e.schema, Timeout: 300 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	t.Cleanup(func() { _ = s.Stop(context.Background()) })
+
+	t.Run("a run past its deadline is cancelled and recorded as timed out", func(t *testing.T) {
+		if err := s.Add("hangs", "", func(ctx context.Context) error {
+			_, err := e.pool.Exec(ctx, `SELECT pg_sleep(60)`)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		err := s.RunNow(context.Background(), "hangs")
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("the run took %v, want it cut at 300ms", took)
+		}
+		if !errors.Is(err, jobs.ErrTimedOut) {
+			t.Fatalf("err = %v, want ErrTimedOut", err)
+		}
+		if _, failures, lastErr := e.recorded(t, "hangs"); failures != 1 || !strings.Contains(lastErr, "run timed out after 300ms") {
+			t.Fatalf("job_runs: %d failures, last error %q", failures, lastErr)
+		}
+	})
+}

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/schema/schematest"
+)
+
+// README, "Configuration": an --index-spec Elasticsearch would refuse
+// stops the relay at start, before it takes any event.
+func TestRelayCommandRefusesAnInvalidIndexSpec(t *testing.T) {
+	t.Parallel()
+	e := cliSetup(t)
+	e.append(t, schematest.Name("spec-"), "s1", `{"title":"x"}`)
+	spec := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(spec, []byte(`{"mappings":{"properties":{"title":{"type":"txet"}}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", schematest.ElasticsearchURL(t), "--index-spec", spec, "--admin-addr", "")
+	err := runRelay(ctx, args)
+	if err == nil || !strings.Contains(err.Error(), "index-spec "+spec) || !strings.Contains(err.Error(), "The mapper type [txet] declared on field [title] does not exist") {
+		t.Fatalf("runRelay: %v, want an error naming the spec file and the field", err)
+	}
+	var streams int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".progress`).Scan(&streams); err != nil {
+		t.Fatal(err)
+	}
+	if streams != 0 {
+		t.Fatalf("%d streams started before the spec was refused", streams)
+	}
+}
+
+// README, "Delivery guarantees": a bulk request Elasticsearch refuses
+// whatever it carries (here a parameter an older server does not know)
+// pauses the relay with the reason in /readyz and on the dashboard, and
+// dead-letters nothing.
+func TestRelayCommandPausesOnARefusedConfiguration(t *testing.T) {
+	t.Parallel()
+	e := cliSetup(t)
+	esURL := schematest.ElasticsearchURL(t)
+	target, err := url.Parse(esURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	index := schematest.Name("pause-")
+	t.Cleanup(func() {
+		req, _ := http.NewRequest("DELETE", esURL+"/"+index+"-000001?ignore_unavailable=true", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	})
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/_bulk") {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("X-Elastic-Product", "Elasticsearch")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":{"type":"illegal_argument_exception","reason":"request [/_bulk] contains unrecognized parameter: [include_source_on_error]"},"status":400}`)
+	}))
+	t.Cleanup(proxy.Close)
+	for _, id := range []string{"a", "b", "c"} {
+		e.append(t, index, id, `{"title":"`+id+`"}`)
+	}
+
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", proxy.URL, "--admin-addr", addr, "--admin-token", "",
+			"--lease-interval", "100ms", "--backoff-max", "200ms", "--max-attempts", "2", "--shutdown-timeout", "1s")
+		done <- runRelay(ctx, args)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	get := func(path string, v any) int {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		_ = json.NewDecoder(resp.Body).Decode(v)
+		return resp.StatusCode
+	}
+	var ready struct {
+		Checks map[string]string `json:"checks"`
+	}
+	schematest.Eventually(t, 20*time.Second, "/readyz reports the paused stream", func() bool {
+		return get("/readyz", &ready) == http.StatusServiceUnavailable && strings.Contains(ready.Checks["sink"], "include_source_on_error")
+	})
+	if !strings.Contains(ready.Checks["sink"], "stream default paused") {
+		t.Errorf("readyz sink check %q does not name the stream", ready.Checks["sink"])
+	}
+	var sum struct {
+		Streams []struct {
+			Stream string `json:"stream"`
+			Paused string `json:"paused"`
+		} `json:"streams"`
+	}
+	schematest.Eventually(t, 20*time.Second, "the dashboard's summary shows why the stream is paused", func() bool {
+		return get("/api/summary", &sum) == http.StatusOK && len(sum.Streams) == 1 && strings.Contains(sum.Streams[0].Paused, "include_source_on_error")
+	})
+	time.Sleep(time.Second) // more rounds than --max-attempts
+	var dead int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".dead_letters`).Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 0 || e.backlog(t) != 3 {
+		t.Fatalf("%d dead letters and backlog %d, want none and 3", dead, e.backlog(t))
+	}
+}

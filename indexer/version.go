@@ -1,0 +1,130 @@
+package indexer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/elastic/go-elasticsearch/v8/esapi"
+)
+
+// Supported Elasticsearch versions: 8.0 and later. Older servers lack
+// parts of the bulk API the sink relies on (require_alias, the compatible
+// error shapes), so the sink refuses them with a ConfigError.
+const minMajor = 8
+
+// serverVersion is the oldest Elasticsearch version among the cluster's
+// nodes: any node may coordinate a bulk request, so only what the oldest
+// accepts may be sent during a rolling upgrade.
+type serverVersion struct {
+	major, minor int
+	number       string
+}
+
+// sourceOnErrorParam reports whether bulk accepts include_source_on_error
+// (added in 8.18; older servers answer 400 to every bulk that carries it).
+func (v serverVersion) sourceOnErrorParam() bool {
+	return v.major > 8 || v.major == 8 && v.minor >= 18
+}
+
+// parseVersion reads "8.19.14" or "8.18.0-SNAPSHOT".
+func parseVersion(s string) (serverVersion, error) {
+	parts := strings.SplitN(s, ".", 3)
+	if len(parts) < 2 {
+		return serverVersion{}, fmt.Errorf("version %q: not major.minor.patch", s)
+	}
+	major, err1 := strconv.Atoi(parts[0])
+	minor, err2 := strconv.Atoi(strings.SplitN(parts[1], "-", 2)[0])
+	if err1 != nil || err2 != nil {
+		return serverVersion{}, fmt.Errorf("version %q: not major.minor.patch", s)
+	}
+	return serverVersion{major: major, minor: minor, number: s}, nil
+}
+
+// detectVersion returns the oldest version among the cluster's nodes.
+// GET / is only the fallback, for credentials without the monitor
+// privilege: it names just the node that answers (and some distributions
+// do not serve it at all).
+func detectVersion(ctx context.Context, es esapi.Transport) (serverVersion, error) {
+	raw, err := perform(ctx, es, "node versions", esapi.NodesInfoRequest{
+		NodeID: []string{"_all"}, Metric: []string{"_none"}, FilterPath: []string{"nodes.*.version"},
+	})
+	if err != nil {
+		var re *ResponseError
+		if !errors.As(err, &re) {
+			return serverVersion{}, err
+		}
+		// No monitor privilege: the version of the node that answers GET /.
+		var rootErr error
+		if raw, rootErr = perform(ctx, es, "server info", esapi.InfoRequest{}); rootErr != nil {
+			return serverVersion{}, err
+		}
+		var info struct {
+			Version struct {
+				Number string `json:"number"`
+			} `json:"version"`
+		}
+		if err := json.Unmarshal(raw, &info); err != nil || info.Version.Number == "" {
+			return serverVersion{}, errors.New("indexer: server info: no version in the answer")
+		}
+		return parseVersion(info.Version.Number)
+	}
+	var r struct {
+		Nodes map[string]struct {
+			Version string `json:"version"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Nodes) == 0 {
+		return serverVersion{}, errors.New("indexer: node versions: no version in the answer")
+	}
+	var oldest serverVersion
+	for _, n := range r.Nodes {
+		v, err := parseVersion(n.Version)
+		if err != nil {
+			return serverVersion{}, fmt.Errorf("indexer: node versions: %w", err)
+		}
+		if oldest.number == "" || v.major < oldest.major || v.major == oldest.major && v.minor < oldest.minor {
+			oldest = v
+		}
+	}
+	return oldest, nil
+}
+
+// version returns the cluster's version, detected once per Sink; a
+// configuration error makes the sink ask again (see forgetVersion), so an
+// upgrade or a fixed proxy is picked up without a restart.
+func (s *Sink) version(ctx context.Context) (serverVersion, error) {
+	s.verMu.Lock()
+	defer s.verMu.Unlock()
+	if s.ver.number != "" {
+		return s.ver, nil
+	}
+	v, err := detectVersion(ctx, s.es)
+	var re *ResponseError
+	switch {
+	case errors.As(err, &re) && re.Status == 403:
+		// Credentials that may write but not read the version: assume a
+		// current server. Should it be older, its 400 to the bulk parameter
+		// pauses the relay with a reason that names the parameter.
+		s.logger.Warn("indexer: cannot read the Elasticsearch version; assuming 8.18 or later (grant the monitor cluster privilege to detect it)", "error", err.Error())
+		v = serverVersion{major: 8, minor: 18, number: "unknown"}
+	case errors.As(err, &re) && re.Status != 408 && re.Status != 429 && re.Status < 500:
+		return v, &ConfigError{Err: err}
+	case err != nil:
+		return v, &UnavailableError{Err: err}
+	}
+	if v.major < minMajor {
+		return v, &ConfigError{Err: fmt.Errorf("Elasticsearch %s is not supported; outboxd needs %d.0 or later", v.number, minMajor)}
+	}
+	s.ver = v
+	return v, nil
+}
+
+func (s *Sink) forgetVersion() {
+	s.verMu.Lock()
+	s.ver = serverVersion{}
+	s.verMu.Unlock()
+}
