@@ -19,7 +19,7 @@ import (
 // The write-side cost of the outbox: how much slower a business transaction
 // gets when it also appends one event. Run with
 //
-//	go test -bench Outbox -run '^$' ./relay/
+//	go test -bench Outbox -run '^$' ./outbox/
 //
 // It needs the shared PostgreSQL; numbers from a busy shared server are
 // noisy, so compare the ratio, which both phases share, rather than the
