@@ -51,7 +51,7 @@ vet: ## go vet + gofmt check
 	unformatted="$$(if [[ -n $$files ]]; then gofmt -l $$files; fi)"; \
 	if [[ -n $$unformatted ]]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 
-demo: ## Start the servers and run scripts/demo
+demo: ## Start the servers, build bin/outboxd and bin/tutorials (examples/tutorials) and run scripts/demo
 	scripts/services up
 	@if [[ -x scripts/demo ]]; then eval "$$(scripts/services env)" && scripts/demo; \
 	else echo "scripts/demo does not exist yet"; fi

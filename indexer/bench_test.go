@@ -13,7 +13,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -120,18 +120,18 @@ func rawLoad(b *testing.B, es *elasticsearch.Client, index string, n int) {
 func sinkLoad(b *testing.B, es *elasticsearch.Client, name string, n int) {
 	s := newSink(b, Options{Client: es})
 	const page = 2000
-	events := make([]relay.Event, 0, page)
+	events := make([]outbox.Event, 0, page)
 	for from := 0; from < n; from += page {
 		events = events[:0]
 		for i := from; i < min(from+page, n); i++ {
-			events = append(events, relay.Event{IndexName: name, SourceID: strconv.Itoa(i), Version: 1, Op: relay.OpUpsert, Document: benchDoc(nil, i)})
+			events = append(events, outbox.Event{IndexName: name, SourceID: strconv.Itoa(i), Version: 1, Op: outbox.OpUpsert, Document: benchDoc(nil, i)})
 		}
 		out, err := s.Write(context.Background(), events)
 		if err != nil {
 			b.Fatal(err)
 		}
 		for _, o := range out {
-			if o.Status != relay.Applied {
+			if o.Status != outbox.Applied {
 				b.Fatalf("sink: %v %s", o.Status, o.Reason)
 			}
 		}

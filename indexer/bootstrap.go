@@ -12,17 +12,17 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // ReadFilter is the filter of the search names N and N-read: tombstones
 // are documents too, and searchers must never see them.
-const ReadFilter = `{"bool":{"must_not":{"term":{"outboxd_deleted":true}}}}`
+const ReadFilter = `{"bool":{"must_not":{"term":{"` + TombstoneField + `":true}}}}`
 
 // outboxdFields are merged into every mapping, default or user supplied.
 var outboxdFields = map[string]any{
-	"outboxd_deleted":    map[string]any{"type": "boolean"},
-	"outboxd_deleted_at": map[string]any{"type": "date"},
+	TombstoneField:   map[string]any{"type": "boolean"},
+	TombstoneAtField: map[string]any{"type": "date"},
 }
 
 // writeSuffix names the write alias: the only name outboxd writes through.
@@ -90,12 +90,12 @@ func indexBody(spec []byte) ([]byte, error) {
 }
 
 // checkName applies the rules every event's index_name passed at append
-// (relay.ValidateIndexName): Elasticsearch's, outboxd's reserved suffixes
+// (outbox.ValidateIndexName): Elasticsearch's, outboxd's reserved suffixes
 // and room for the derived names. It runs again here for events appended
 // before those rules existed.
 func checkName(name string) error {
-	var ve *relay.ValidationError
-	if err := relay.ValidateIndexName(name); errors.As(err, &ve) {
+	var ve *outbox.ValidationError
+	if err := outbox.ValidateIndexName(name); errors.As(err, &ve) {
 		return &NameError{name, ve.Reason}
 	}
 	return nil
@@ -245,7 +245,7 @@ func foreignTarget(name, alias, index, want string) error {
 // foreignOwner refuses alias pointing at index when index is the concrete
 // index (M-NNNNNN) of another outboxd index M.
 func foreignOwner(name, alias, index string) error {
-	if s := relay.ReservedSuffix(index); len(s) == len(FirstIndex("")) {
+	if s := outbox.ReservedSuffix(index); len(s) == len(FirstIndex("")) {
 		if owner := index[:len(index)-len(s)]; owner != name {
 			return &IncompatibleError{name, fmt.Sprintf("alias %s already points at %s, the concrete index of outboxd index %q; outboxd would mix the documents of %q and %q", alias, index, owner, name, owner)}
 		}
@@ -421,4 +421,14 @@ func MigrateLayout(ctx context.Context, es *elasticsearch.Client, name string) (
 		changed = true
 	}
 	return changed, fmt.Errorf("indexer: migrate %q: the indices kept changing; try again", name)
+}
+
+// CheckName is checkName for the operator tools in indexer/repair: a
+// backfill refuses an index name before it reads a row.
+func CheckName(name string) error { return checkName(name) }
+
+// WriteTarget is writeTarget for the operator tools in indexer/repair,
+// which resolve the name an operator gives to the index behind it.
+func WriteTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
+	return writeTarget(ctx, es, name)
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 func TestBootstrap(t *testing.T) {
@@ -65,7 +65,7 @@ func TestBootstrap(t *testing.T) {
 		s := newSink(t, Options{Client: es})
 		out := mustWrite(t, s, upsert(name, "a", 1, `{}`), del(name, "keep", 9))
 		for _, o := range out {
-			if o.Status != relay.Rejected || !strings.Contains(o.Reason, "concrete index") {
+			if o.Status != outbox.Rejected || !strings.Contains(o.Reason, "concrete index") {
 				t.Fatalf("got %+v", out)
 			}
 		}
@@ -117,7 +117,7 @@ func TestBootstrap(t *testing.T) {
 			t.Fatalf("remove alias: %d %s", st, b)
 		}
 		out := mustWrite(t, s, upsert(name, "b", 1, `{}`))
-		if out[0].Status != relay.Retry || !strings.Contains(out[0].Reason, "write alias missing") {
+		if out[0].Status != outbox.Retry || !strings.Contains(out[0].Reason, "write alias missing") {
 			t.Fatalf("got %+v", out)
 		}
 		if got := statuses(mustWrite(t, s, upsert(name, "b", 1, `{}`))); got != "applied" {
@@ -140,7 +140,7 @@ func TestBootstrap(t *testing.T) {
 				t.Errorf("bootstrap %s: %v, want a NameError naming %s", derived, err, name)
 			}
 			out := mustWrite(t, s, upsert(derived, "1", 5, `{"owner":"intruder"}`))
-			if out[0].Status != relay.Rejected || !strings.Contains(out[0].Reason, "index_name") {
+			if out[0].Status != outbox.Rejected || !strings.Contains(out[0].Reason, "index_name") {
 				t.Errorf("write to %s: %+v, want rejected", derived, out)
 			}
 		}
@@ -195,7 +195,7 @@ func TestBootstrap(t *testing.T) {
 
 	t.Run("every name bootstrap derives is reserved", func(t *testing.T) {
 		for _, n := range []string{FirstIndex("x"), ReadAlias("x")} {
-			if relay.ReservedSuffix(n) == "" {
+			if outbox.ReservedSuffix(n) == "" {
 				t.Errorf("%s is derived by bootstrap but not in relay's reserved suffixes", n)
 			}
 		}
@@ -206,7 +206,7 @@ func TestBootstrap(t *testing.T) {
 		es, _ := setup(t)
 		s := newSink(t, Options{Client: es})
 		out := mustWrite(t, s, upsert("Bad Name", "a", 1, `{}`))
-		if out[0].Status != relay.Rejected || !strings.Contains(out[0].Reason, "index_name") {
+		if out[0].Status != outbox.Rejected || !strings.Contains(out[0].Reason, "index_name") {
 			t.Fatalf("got %+v", out)
 		}
 	})

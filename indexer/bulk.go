@@ -3,12 +3,12 @@ package indexer
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"unicode/utf8"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // The bulk body is built by appending to pooled byte slices: no
@@ -25,19 +25,6 @@ func putBody(b *[]byte) {
 	*b = (*b)[:0]
 	bodyPool.Put(b)
 }
-
-// versionType of an index action. The first attempt of every upsert uses
-// strict "external": an equal version is then a 409 the sink can inspect,
-// so a replayed event is reported Stale instead of silently re-applied.
-// Only when the stored document at that same version differs from the
-// event's does the sink re-send with "external_gte", so the later write
-// still wins, as the outboxd convention (version >= stored) requires.
-type versionType uint8
-
-const (
-	external versionType = iota
-	externalGTE
-)
 
 // appendAction appends one bulk "index" action line addressed to the write
 // alias of index; the caller appends the source line.
@@ -60,7 +47,7 @@ func appendAction(b []byte, index, id string, version int64, vt versionType) []b
 
 // appendTombstone appends the source of a tombstone document.
 func appendTombstone(b []byte, deletedAt string) []byte {
-	b = append(b, `{"outboxd_deleted":true,"outboxd_deleted_at":"`...)
+	b = append(b, `{"`+TombstoneField+`":true,"`+TombstoneAtField+`":"`...)
 	b = append(b, deletedAt...)
 	return append(b, `"}`...)
 }
@@ -110,22 +97,37 @@ func oneLine(doc []byte) []byte {
 type bulkResponse struct {
 	Errors bool `json:"errors"`
 	Items  []struct {
-		Index bulkItem `json:"index"`
+		Index BulkItem `json:"index"`
 	} `json:"items"`
 }
 
-type bulkItem struct {
-	Status int      `json:"status"`
-	Error  *esError `json:"error"`
+// BulkItem is one item of a _bulk answer, for the sink and for the
+// operator tools in indexer/repair alike.
+type BulkItem struct {
+	Status      int      `json:"status"`
+	Version     int64    `json:"_version"`
+	SeqNo       int64    `json:"_seq_no"`
+	PrimaryTerm int64    `json:"_primary_term"`
+	Error       *ESError `json:"error"`
 }
 
-type esError struct {
+// Reason is the item's error as "type: reason", or its status when the
+// answer carries no error.
+func (it *BulkItem) Reason() string {
+	if it.Error == nil {
+		return fmt.Sprintf("status %d", it.Status)
+	}
+	return it.Error.Type + ": " + it.Error.Reason
+}
+
+// ESError is Elasticsearch's error object.
+type ESError struct {
 	Type     string   `json:"type"`
 	Reason   string   `json:"reason"`
-	CausedBy *esError `json:"caused_by"`
+	CausedBy *ESError `json:"caused_by"`
 }
 
-func (e *esError) String() string {
+func (e *ESError) String() string {
 	if e == nil {
 		return ""
 	}
@@ -157,7 +159,7 @@ const (
 	classRejected
 )
 
-func classify(it *bulkItem) (itemClass, string) {
+func classify(it *BulkItem) (itemClass, string) {
 	switch {
 	case it.Status >= 200 && it.Status < 300:
 		return classApplied, ""
@@ -172,42 +174,15 @@ func classify(it *bulkItem) (itemClass, string) {
 	return classRejected, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
 }
 
-// conflictVersions reads the two versions out of a strict-external version
-// conflict reason: "[id]: version conflict, current version [5] is higher
-// or equal to the one provided [5]". ok is false when the text has another
-// shape; the caller then asks Elasticsearch for the stored version.
-func conflictVersions(reason string) (current, provided int64, ok bool) {
-	c, ok1 := bracketAfter(reason, "current version [")
-	p, ok2 := bracketAfter(reason, "provided [")
-	return c, p, ok1 && ok2
-}
-
-func bracketAfter(s, marker string) (int64, bool) {
-	i := strings.Index(s, marker)
-	if i < 0 {
-		return 0, false
-	}
-	s = s[i+len(marker):]
-	j := 0
-	for j < len(s) && s[j] >= '0' && s[j] <= '9' {
-		j++
-	}
-	if j == 0 || j == len(s) || s[j] != ']' {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(s[:j], 10, 64)
-	return v, err == nil
-}
-
 // outcomeOf maps an event's final class to what the relay sees.
-func outcomeOf(c itemClass, reason string) relay.Outcome {
+func outcomeOf(c itemClass, reason string) outbox.Outcome {
 	switch c {
 	case classApplied:
-		return relay.Outcome{Status: relay.Applied}
+		return outbox.Outcome{Status: outbox.Applied}
 	case classConflict:
-		return relay.Outcome{Status: relay.Stale}
+		return outbox.Outcome{Status: outbox.Stale}
 	case classRejected:
-		return relay.Outcome{Status: relay.Rejected, Reason: reason}
+		return outbox.Outcome{Status: outbox.Rejected, Reason: reason}
 	}
-	return relay.Outcome{Status: relay.Retry, Reason: reason}
+	return outbox.Outcome{Status: outbox.Retry, Reason: reason}
 }

@@ -60,7 +60,7 @@ func TestBulkBody(t *testing.T) {
 			"something else": {0, 0, 0},
 			"[a]: version conflict, current version [x] is higher or equal to the one provided [5]": {0, 5, 0},
 		} {
-			c, p, ok := conflictVersions(reason)
+			c, p, ok := ConflictVersions(reason)
 			if ok != (want[2] == 1) || (ok && (c != want[0] || p != want[1])) {
 				t.Errorf("%q: got %d %d %v", reason, c, p, ok)
 			}

@@ -22,7 +22,8 @@
 // A document's _id is the event's source_id and its Elasticsearch version
 // the event's version (external versioning). An upsert indexes the event's
 // document as is; a delete at version V indexes the tombstone
-// {"outboxd_deleted":true,"outboxd_deleted_at":"<UTC time>"} at version V.
+// {"outboxd_deleted":true,"outboxd_deleted_at":"<UTC time>"} at version V
+// (TombstoneField, TombstoneAtField).
 // Elasticsearch keeps the version of a real delete only for
 // index.gc_deletes and only in memory; a tombstone is an ordinary document
 // and keeps its version forever, across restarts, so an older upsert can
@@ -36,10 +37,11 @@
 // reported Stale with nothing written; different content under the same
 // version is re-sent with external_gte, so the later write wins. Replays
 // thus cost one extra _mget per replayed batch and never rewrite anything.
+// gate.go holds the whole rule, top to bottom.
 //
 // # Outcomes
 //
-// Write returns one relay.Outcome per event: 200/201 Applied; version
+// Write returns one outbox.Outcome per event: 200/201 Applied; version
 // conflicts Stale; 429, 408, 5xx items Retry; 400 items (mapping and
 // parse errors) and malformed events Rejected with Elasticsearch's error
 // type and reason (the document itself is not echoed:
@@ -80,23 +82,6 @@
 //
 // # Repair and reconcile
 //
-// PlanRepair scans every concrete index behind a name (point in time and
-// search_after, a few dozen bytes of state per document), groups documents
-// by a key and picks one keeper per group; it changes nothing. Apply writes
-// and fsyncs a backup of every document it will touch before it touches
-// any, appends each step to an audit log, re-submits the keeper under
-// _id = key at its business version (1 when it has none: a legacy
-// _version counts writes and must not make the outbox's events stale), and
-// deletes the others only if unchanged since the scan (if_seq_no +
-// if_primary_term): a document changed meanwhile is skipped and reported,
-// never lost. It then records in the backup the coordinates its writes
-// left. RestoreRepair undoes those writes and nothing else: a group whose
-// document changed since the repair (an outbox update or delete) is skipped
-// and reported. Elasticsearch cannot lower a version, so a document may
-// come back with its source and _id at a higher _version (reported as
-// raised).
-//
-// Reconcile compares the rows of a SQL query with the index and fixes drift
-// only by appending outbox events at versions that win the version gate, so
-// every fix takes the same path as ordinary writes.
+// The operator tools (duplicate repair, backup and restore, audit log,
+// progress reporting, reconcile) live in package indexer/repair.
 package indexer

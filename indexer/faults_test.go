@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -201,7 +201,7 @@ func TestSinkFaults(t *testing.T) {
 		es, name := setup(t)
 		p := newFaultProxy(t)
 		s := newSink(t, Options{Client: client(t, p.URL), MaxBatchDocs: 10, Workers: 3})
-		var events []relay.Event
+		var events []outbox.Event
 		for i := range 100 {
 			events = append(events, upsert(name, fmt.Sprintf("d%03d", i), 1, docN(int64(i))))
 		}
@@ -216,15 +216,15 @@ func TestSinkFaults(t *testing.T) {
 		if len(rejected) != 14 {
 			t.Fatalf("proxy rejected %d items, want 14", len(rejected))
 		}
-		var retry []relay.Event
+		var retry []outbox.Event
 		for i, o := range out {
 			id := events[i].SourceID
 			switch {
-			case rejected[id] && o.Status != relay.Retry:
+			case rejected[id] && o.Status != outbox.Retry:
 				t.Fatalf("%s: rejected by the proxy but %v", id, o.Status)
-			case !rejected[id] && o.Status != relay.Applied:
+			case !rejected[id] && o.Status != outbox.Applied:
 				t.Fatalf("%s: %v %q", id, o.Status, o.Reason)
-			case o.Status == relay.Retry:
+			case o.Status == outbox.Retry:
 				if !strings.Contains(o.Reason, "429") {
 					t.Fatalf("reason %q", o.Reason)
 				}
@@ -270,7 +270,7 @@ func TestSinkFaults(t *testing.T) {
 		es, name := setup(t)
 		p := newFaultProxy(t)
 		s := newSink(t, Options{Client: client(t, p.URL), MaxBatchDocs: 20})
-		var events []relay.Event
+		var events []outbox.Event
 		for i := range 300 {
 			id := fmt.Sprintf("d%d", i%50)
 			events = append(events, upsert(name, id, int64(i+1), docN(int64(i+1))))
@@ -293,7 +293,7 @@ func TestSinkFaults(t *testing.T) {
 				continue
 			}
 			for _, o := range out {
-				if o.Status != relay.Applied && o.Status != relay.Stale {
+				if o.Status != outbox.Applied && o.Status != outbox.Stale {
 					t.Fatalf("batch at %d: %v %q", i, o.Status, o.Reason)
 				}
 			}
@@ -319,8 +319,8 @@ func TestSinkFaults(t *testing.T) {
 		// such ids out, so force a whole-request 400 with a bad version type
 		// instead: send through send() with a tampered event list.
 		mustWrite(t, s, upsert(name, "seed", 1, `{}`))
-		w := &write{events: []relay.Event{upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`), upsert(name, "c", -3, `{}`), upsert(name, "d", 1, `{}`)}}
-		w.out = make([]relay.Outcome, 4)
+		w := &write{events: []outbox.Event{upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`), upsert(name, "c", -3, `{}`), upsert(name, "d", 1, `{}`)}}
+		w.out = make([]outbox.Outcome, 4)
 		s.send(context.Background(), w, []int{0, 1, 2, 3}, external)
 		if got := statuses(w.out); got != "applied applied rejected applied" {
 			t.Fatalf("got %s %+v", got, w.out)

@@ -13,7 +13,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -66,15 +66,15 @@ func newSink(t testing.TB, o Options) *Sink {
 	return s
 }
 
-func upsert(index, id string, version int64, doc string) relay.Event {
-	return relay.Event{IndexName: index, SourceID: id, Version: version, Op: relay.OpUpsert, Document: json.RawMessage(doc)}
+func upsert(index, id string, version int64, doc string) outbox.Event {
+	return outbox.Event{IndexName: index, SourceID: id, Version: version, Op: outbox.OpUpsert, Document: json.RawMessage(doc)}
 }
 
-func del(index, id string, version int64) relay.Event {
-	return relay.Event{IndexName: index, SourceID: id, Version: version, Op: relay.OpDelete}
+func del(index, id string, version int64) outbox.Event {
+	return outbox.Event{IndexName: index, SourceID: id, Version: version, Op: outbox.OpDelete}
 }
 
-func mustWrite(t testing.TB, s *Sink, events ...relay.Event) []relay.Outcome {
+func mustWrite(t testing.TB, s *Sink, events ...outbox.Event) []outbox.Outcome {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -88,7 +88,7 @@ func mustWrite(t testing.TB, s *Sink, events ...relay.Event) []relay.Outcome {
 	return out
 }
 
-func statuses(out []relay.Outcome) string {
+func statuses(out []outbox.Outcome) string {
 	var b strings.Builder
 	for i, o := range out {
 		if i > 0 {

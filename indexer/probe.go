@@ -8,7 +8,7 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // A bulk request that fails as a whole (an HTTP error, a timeout, a reset
@@ -41,7 +41,7 @@ type probeResult struct {
 // failed settles items after their bulk request failed as a whole.
 func (s *Sink) failed(ctx context.Context, w *write, items []int, vt versionType, f requestFailure) {
 	if ctx.Err() != nil {
-		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: f.err.Error(), Outage: true})
+		s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: f.err.Error(), Outage: true})
 		return
 	}
 	// The verdict on one event rests on a probe sent right after its own
@@ -60,15 +60,15 @@ func (s *Sink) failed(ctx context.Context, w *write, items []int, vt versionType
 	// This event fails alone where a tiny request succeeds: its own failure.
 	reason := f.err.Error()
 	if f.status == http.StatusBadRequest || f.status == http.StatusRequestEntityTooLarge {
-		s.settleAll(w, items, relay.Outcome{Status: relay.Rejected, Reason: reason})
+		s.settleAll(w, items, outbox.Outcome{Status: outbox.Rejected, Reason: reason})
 		return
 	}
-	s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: reason + " (a request without this event succeeds)"})
+	s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: reason + " (a request without this event succeeds)"})
 }
 
 // sinkFault settles items when even the probe failed.
 func (s *Sink) sinkFault(w *write, items []int, f requestFailure) {
-	o := relay.Outcome{Status: relay.Retry, Reason: f.err.Error(), Outage: true}
+	o := outbox.Outcome{Status: outbox.Retry, Reason: f.err.Error(), Outage: true}
 	switch {
 	case f.status == 0:
 		w.unreachable(f.err)

@@ -27,7 +27,7 @@ func responseError(op string, status int, body []byte) *ResponseError {
 		Error json.RawMessage `json:"error"`
 	}
 	if json.Unmarshal(body, &r) == nil && len(r.Error) > 0 {
-		var e esError
+		var e ESError
 		if json.Unmarshal(r.Error, &e) == nil && e.Type != "" {
 			re.Type = e.Type
 			re.Reason = e.Reason
@@ -70,4 +70,9 @@ func perform(ctx context.Context, es esapi.Transport, op string, req esapi.Reque
 		return body, responseError(op, res.StatusCode, body)
 	}
 	return body, nil
+}
+
+// Perform is perform for the operator tools in indexer/repair.
+func Perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {
+	return perform(ctx, es, op, req)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -100,18 +101,18 @@ func TestRestartResurrection(t *testing.T) {
 func TestRestartMidDrain(t *testing.T) {
 	es, name := setup(t)
 	pool, schemaName := schematest.Setup(t)
-	ob, err := relay.NewOutbox(schemaName)
+	ob, err := outbox.NewOutbox(schemaName)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	const sources, rounds = 1000, 4
-	var events []relay.Event
+	var events []outbox.Event
 	for v := int64(1); v <= rounds; v++ {
 		for i := range sources {
-			e := relay.Event{IndexName: name, SourceID: fmt.Sprintf("s%03d", i), Version: v, Op: relay.OpUpsert, Document: json.RawMessage(docN(v))}
+			e := outbox.Event{IndexName: name, SourceID: fmt.Sprintf("s%03d", i), Version: v, Op: outbox.OpUpsert, Document: json.RawMessage(docN(v))}
 			if v == rounds && i%5 == 0 {
-				e = relay.Event{IndexName: name, SourceID: e.SourceID, Version: v, Op: relay.OpDelete}
+				e = outbox.Event{IndexName: name, SourceID: e.SourceID, Version: v, Op: outbox.OpDelete}
 			}
 			events = append(events, e)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Options configure a Sink.
@@ -51,8 +51,6 @@ type bootEntry struct {
 	mu sync.Mutex
 	ok bool
 }
-
-var _ relay.Sink = (*Sink)(nil)
 
 // NewSink checks o and returns a Sink. It does not contact Elasticsearch:
 // indices are bootstrapped on first use.
@@ -106,8 +104,8 @@ func orDefault(v, d int) int {
 
 // write is the state of one Write call.
 type write struct {
-	events        []relay.Event
-	out           []relay.Outcome
+	events        []outbox.Event
+	out           []outbox.Outcome
 	deletedAt     string
 	sourceOnError bool // the server takes include_source_on_error
 
@@ -115,10 +113,11 @@ type write struct {
 	probed  probeResult
 
 	mu        sync.Mutex
-	reached   bool  // some request got an answer from Elasticsearch
-	unreached error // the last request that did not
-	refused   error // even the probe refused for the sink's own fault
-	equal     []int // strict-external conflicts at the event's own version
+	reached   bool   // some request got an answer from Elasticsearch
+	unreached error  // the last request that did not
+	refused   error  // even the probe refused for the sink's own fault
+	equal     []int  // strict-external conflicts at the event's own version (see gate.go)
+	resent    []bool // by position: re-sent with external_gte in this Write
 	missing   map[string]bool
 }
 
@@ -138,14 +137,14 @@ func (w *write) unreachable(err error) {
 // Outcome per event, in order. It returns an *UnavailableError, and no
 // outcomes, when no request reached Elasticsearch, and a *ConfigError when
 // Elasticsearch refuses the sink's requests whatever they carry.
-func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	v, err := s.version(ctx)
 	if err != nil {
 		return nil, err
 	}
 	w := &write{
 		events:        events,
-		out:           make([]relay.Outcome, len(events)),
+		out:           make([]outbox.Outcome, len(events)),
 		deletedAt:     s.now().UTC().Format("2006-01-02T15:04:05.000Z"),
 		sourceOnError: v.sourceOnErrorParam(),
 	}
@@ -160,9 +159,9 @@ func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome
 				continue
 			}
 			switch o := w.out[win]; o.Status {
-			case relay.Applied:
-				w.out[p] = relay.Outcome{Status: relay.Stale}
-			case relay.Rejected:
+			case outbox.Applied:
+				w.out[p] = outbox.Outcome{Status: outbox.Stale}
+			case outbox.Rejected:
 				// The newer version will never land, so this one is not
 				// superseded: send it in its own right.
 				again = append(again, p)
@@ -192,11 +191,11 @@ func (s *Sink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome
 // returns the positions still to send.
 func (s *Sink) admit(ctx context.Context, w *write) []int {
 	pending := make([]int, 0, len(w.events))
-	var failed map[string]relay.Outcome
+	var failed map[string]outbox.Outcome
 	for i := range w.events {
 		e := &w.events[i]
 		if reason := checkEvent(e); reason != "" {
-			w.out[i] = relay.Outcome{Status: relay.Rejected, Reason: reason}
+			w.out[i] = outbox.Outcome{Status: outbox.Rejected, Reason: reason}
 			continue
 		}
 		if o, ok := failed[e.IndexName]; ok {
@@ -205,7 +204,7 @@ func (s *Sink) admit(ctx context.Context, w *write) []int {
 		}
 		if err := s.ensure(ctx, e.IndexName); err != nil {
 			if failed == nil {
-				failed = make(map[string]relay.Outcome)
+				failed = make(map[string]outbox.Outcome)
 			}
 			o := bootstrapOutcome(w, err)
 			failed[e.IndexName] = o
@@ -217,17 +216,17 @@ func (s *Sink) admit(ctx context.Context, w *write) []int {
 	return pending
 }
 
-func bootstrapOutcome(w *write, err error) relay.Outcome {
+func bootstrapOutcome(w *write, err error) outbox.Outcome {
 	var re *ResponseError
 	var ne *NameError
 	switch {
 	case IsIncompatible(err), errors.As(err, &ne):
 		w.answered()
-		return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
+		return outbox.Outcome{Status: outbox.Rejected, Reason: err.Error()}
 	case errors.As(err, &re):
 		w.answered()
 		if re.Status == http.StatusBadRequest && re.Type == "invalid_index_name_exception" {
-			return relay.Outcome{Status: relay.Rejected, Reason: err.Error()}
+			return outbox.Outcome{Status: outbox.Rejected, Reason: err.Error()}
 		}
 		if re.Status != 408 && re.Status != 429 && re.Status < 500 {
 			// An index spec the server will not create, a shard limit,
@@ -237,14 +236,14 @@ func bootstrapOutcome(w *write, err error) relay.Outcome {
 			w.refused = err
 			w.mu.Unlock()
 		}
-		return relay.Outcome{Status: relay.Retry, Reason: err.Error(), Outage: true}
+		return outbox.Outcome{Status: outbox.Retry, Reason: err.Error(), Outage: true}
 	}
 	w.unreachable(err)
-	return relay.Outcome{Status: relay.Retry, Reason: err.Error(), Outage: true}
+	return outbox.Outcome{Status: outbox.Retry, Reason: err.Error(), Outage: true}
 }
 
 // checkEvent returns why e can never be indexed, or "".
-func checkEvent(e *relay.Event) string {
+func checkEvent(e *outbox.Event) string {
 	switch {
 	case e.SourceID == "":
 		return "source_id: must not be empty"
@@ -252,19 +251,19 @@ func checkEvent(e *relay.Event) string {
 		return fmt.Sprintf("source_id: Elasticsearch ids are at most 512 bytes, got %d", len(e.SourceID))
 	case e.Version < 1:
 		return fmt.Sprintf("version: must be >= 1, got %d", e.Version)
-	case e.Op == relay.OpUpsert:
+	case e.Op == outbox.OpUpsert:
 		return checkDocument(e.Document)
-	case e.Op == relay.OpDelete:
+	case e.Op == outbox.OpDelete:
 		return ""
 	}
-	return fmt.Sprintf("op: must be %q or %q, got %q", relay.OpUpsert, relay.OpDelete, e.Op)
+	return fmt.Sprintf("op: must be %q or %q, got %q", outbox.OpUpsert, outbox.OpDelete, e.Op)
 }
 
 type docKey struct{ index, id string }
 
 // dedupe keeps, per document, the highest version; on equal versions the
 // later event, so the later write wins as it would if sent one by one.
-func dedupe(events []relay.Event, pending []int) (winners []int, winnerOf func(int) int) {
+func dedupe(events []outbox.Event, pending []int) (winners []int, winnerOf func(int) int) {
 	best := make(map[docKey]int, len(pending))
 	for _, p := range pending {
 		k := docKey{events[p].IndexName, events[p].SourceID}
@@ -279,19 +278,6 @@ func dedupe(events []relay.Event, pending []int) (winners []int, winnerOf func(i
 		}
 	}
 	return winners, func(p int) int { return best[docKey{events[p].IndexName, events[p].SourceID}] }
-}
-
-// apply sends the winners and settles their outcomes, including the
-// equal-version conflicts (see versionType).
-func (s *Sink) apply(ctx context.Context, w *write, winners []int) {
-	s.sendAll(ctx, w, winners, external)
-	if len(w.equal) == 0 {
-		return
-	}
-	equal := w.equal
-	w.equal = nil
-	resend := s.resolveEqual(ctx, w, equal)
-	s.sendAll(ctx, w, resend, externalGTE)
 }
 
 // sendAll splits items into bulk requests bounded by count and bytes and
@@ -336,7 +322,7 @@ func (s *Sink) sendAll(ctx context.Context, w *write, items []int, vt versionTyp
 	wg.Wait()
 }
 
-func approxSize(e *relay.Event) int {
+func approxSize(e *outbox.Event) int {
 	return 110 + 2*len(e.IndexName) + len(e.SourceID) + len(e.Document)
 }
 
@@ -353,7 +339,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	for _, p := range items {
 		e := &w.events[p]
 		b = appendAction(b, e.IndexName, e.SourceID, e.Version, vt)
-		if e.Op == relay.OpDelete {
+		if e.Op == outbox.OpDelete {
 			b = appendTombstone(b, w.deletedAt)
 		} else {
 			b = append(b, oneLine(e.Document)...)
@@ -399,7 +385,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 		w.answered()
 		if allSucceeded(body) {
 			s.observe("ok", started)
-			s.settleAll(w, items, relay.Outcome{Status: relay.Applied})
+			s.settleAll(w, items, outbox.Outcome{Status: outbox.Applied})
 			return
 		}
 		s.observe("item_errors", started)
@@ -410,7 +396,7 @@ func (s *Sink) send(ctx context.Context, w *write, items []int, vt versionType) 
 	}
 }
 
-func (s *Sink) settleAll(w *write, items []int, o relay.Outcome) {
+func (s *Sink) settleAll(w *write, items []int, o outbox.Outcome) {
 	for _, p := range items {
 		w.out[p] = o
 	}
@@ -423,24 +409,14 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 		if err != nil {
 			reason += ": " + err.Error()
 		}
-		s.settleAll(w, items, relay.Outcome{Status: relay.Retry, Reason: reason})
+		s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: reason})
 		return
 	}
 	for i, p := range items {
 		c, reason := classify(&r.Items[i].Index)
 		switch c {
 		case classConflict:
-			if cur, prov, ok := conflictVersions(reason); ok && cur > prov {
-				w.out[p] = relay.Outcome{Status: relay.Stale}
-				continue
-			}
-			if s.isResend(w, p) {
-				w.out[p] = relay.Outcome{Status: relay.Stale}
-				continue
-			}
-			w.mu.Lock()
-			w.equal = append(w.equal, p)
-			w.mu.Unlock()
+			w.conflict(p, reason)
 			continue
 		case classMissingAlias:
 			w.mu.Lock()
@@ -452,12 +428,6 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 		}
 		w.out[p] = outcomeOf(c, reason)
 	}
-}
-
-// isResend reports whether p was already sent with external_gte in this
-// Write, in which case any conflict is a newer version written meanwhile.
-func (s *Sink) isResend(w *write, p int) bool {
-	return w.out[p].Status == resendMark
 }
 
 func (s *Sink) observe(result string, started time.Time) {

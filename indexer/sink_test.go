@@ -10,6 +10,7 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -37,7 +38,7 @@ func TestSinkOutcomes(t *testing.T) {
 		s := newSink(t, Options{Client: es})
 		mustWrite(t, s, upsert(name, "a", 1, `{"n":1}`))
 		out := mustWrite(t, s, upsert(name, "b", 1, `{"n":"not a number"}`))
-		if out[0].Status != relay.Rejected || !strings.Contains(out[0].Reason, "document_parsing_exception") {
+		if out[0].Status != outbox.Rejected || !strings.Contains(out[0].Reason, "document_parsing_exception") {
 			t.Fatalf("got %v %q", out[0].Status, out[0].Reason)
 		}
 	})
@@ -67,15 +68,15 @@ func TestSinkOutcomes(t *testing.T) {
 		s := newSink(t, Options{Client: es})
 		mustWrite(t, s, upsert(name, "old", 9, `{"n":9}`), upsert(name, "gone", 1, `{"n":1}`))
 		out := mustWrite(t, s,
-			upsert(name, "new", 1, `{"n":1}`),                                    // applied
-			upsert(name, "old", 2, `{"n":2}`),                                    // stale
-			upsert(name, "bad", 1, `{"n":{"x":1}}`),                              // rejected: object into a long
-			del(name, "gone", 2),                                                 // applied
-			del(name, "never", 1),                                                // applied: delete of a missing id
-			upsert(name, "", 1, `{"n":1}`),                                       // rejected before sending
-			upsert(name, "arr", 1, `[1,2]`),                                      // rejected: not an object
-			upsert(name, "new", 1, `{"n":1}`),                                    // duplicate in the batch: stale
-			relay.Event{IndexName: name, SourceID: "x", Version: 1, Op: "patch"}, // rejected
+			upsert(name, "new", 1, `{"n":1}`),                                     // applied
+			upsert(name, "old", 2, `{"n":2}`),                                     // stale
+			upsert(name, "bad", 1, `{"n":{"x":1}}`),                               // rejected: object into a long
+			del(name, "gone", 2),                                                  // applied
+			del(name, "never", 1),                                                 // applied: delete of a missing id
+			upsert(name, "", 1, `{"n":1}`),                                        // rejected before sending
+			upsert(name, "arr", 1, `[1,2]`),                                       // rejected: not an object
+			upsert(name, "new", 1, `{"n":1}`),                                     // duplicate in the batch: stale
+			outbox.Event{IndexName: name, SourceID: "x", Version: 1, Op: "patch"}, // rejected
 		)
 		want := "stale stale rejected applied applied rejected rejected applied rejected"
 		if got := statuses(out); got != want {
@@ -171,7 +172,7 @@ func TestSinkReplay(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		s := newSink(t, Options{Client: es, MaxBatchDocs: 7})
-		var events []relay.Event
+		var events []outbox.Event
 		for i := range 40 {
 			id := fmt.Sprintf("doc-%d", i%13)
 			v := int64(i + 1)
@@ -183,7 +184,7 @@ func TestSinkReplay(t *testing.T) {
 		}
 		for i := 0; i < len(events); i += 10 {
 			for _, o := range mustWrite(t, s, events[i:min(i+10, len(events))]...) {
-				if o.Status != relay.Applied && o.Status != relay.Stale {
+				if o.Status != outbox.Applied && o.Status != outbox.Stale {
 					t.Fatalf("first pass: %+v", o)
 				}
 			}
@@ -192,7 +193,7 @@ func TestSinkReplay(t *testing.T) {
 		for i := 0; i < len(events); i += 10 {
 			out := mustWrite(t, s, events[i:min(i+10, len(events))]...)
 			for j, o := range out {
-				if o.Status != relay.Stale {
+				if o.Status != outbox.Stale {
 					t.Fatalf("replay of event %d: %v %q", i+j, o.Status, o.Reason)
 				}
 			}
@@ -285,10 +286,10 @@ func TestSinkConverges(t *testing.T) {
 			deleted bool
 		}
 		expect := make(map[string]want)
-		var all []relay.Event
+		var all []outbox.Event
 		for seed := range seeds {
 			rng := rand.New(rand.NewPCG(uint64(seed), 42))
-			var events []relay.Event
+			var events []outbox.Event
 			for i := range ids {
 				id := fmt.Sprintf("s%d-%d", seed, i)
 				n := 1 + rng.IntN(15)
@@ -300,7 +301,7 @@ func TestSinkConverges(t *testing.T) {
 					}
 				}
 				last := events[len(events)-1]
-				expect[id] = want{last.Version, last.Op == relay.OpDelete}
+				expect[id] = want{last.Version, last.Op == outbox.OpDelete}
 			}
 			for range len(events) / 3 {
 				events = append(events, events[rng.IntN(len(events))])
@@ -314,7 +315,7 @@ func TestSinkConverges(t *testing.T) {
 		for i := 0; i < len(all); {
 			n := min(1+rng.IntN(120), len(all)-i)
 			for j, o := range mustWrite(t, s, all[i:i+n]...) {
-				if o.Status != relay.Applied && o.Status != relay.Stale {
+				if o.Status != outbox.Applied && o.Status != outbox.Stale {
 					t.Fatalf("event %d: %v %q", i+j, o.Status, o.Reason)
 				}
 			}
@@ -345,7 +346,7 @@ func TestSinkConverges(t *testing.T) {
 func TestCheckEvent(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		e    relay.Event
+		e    outbox.Event
 		want string
 	}{
 		{upsert("x", "", 1, `{}`), "source_id: must not be empty"},
@@ -354,7 +355,7 @@ func TestCheckEvent(t *testing.T) {
 		{upsert("x", "a", 1, `[]`), "document: must be a JSON object"},
 		{upsert("x", "a", 1, `{"a":`), "document: invalid JSON"},
 		{upsert("x", "a", 1, ``), "document: must be a JSON object"},
-		{relay.Event{IndexName: "x", SourceID: "a", Version: 1, Op: "x"}, "op: must be"},
+		{outbox.Event{IndexName: "x", SourceID: "a", Version: 1, Op: "x"}, "op: must be"},
 		{del("x", "a", 1), ""},
 		{upsert("x", "a", 1, ` {"a":1}`), ""},
 	}
@@ -365,3 +366,6 @@ func TestCheckEvent(t *testing.T) {
 		}
 	}
 }
+
+// The sink is what the relay engine writes to.
+var _ relay.Sink = (*Sink)(nil)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -127,11 +128,11 @@ func TestSinkOneEventNeverStallsItsStream(t *testing.T) {
 			t.Skipf("indexing pressure limit %d bytes: a document over it would pass http.max_content_length (100 MB by default)", limit)
 		}
 		big := `{"blob":"` + strings.Repeat("x", size) + `"}`
-		events := []relay.Event{{IndexName: name, SourceID: "big", Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(big)}}
+		events := []outbox.Event{{IndexName: name, SourceID: "big", Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(big)}}
 		for i := range 100 {
 			events = append(events, upsert(name, fmt.Sprintf("n%03d", i), 1, docN(int64(i))))
 		}
-		ob, err := relay.NewOutbox(schemaName)
+		ob, err := outbox.NewOutbox(schemaName)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +194,7 @@ func TestSinkOneEventNeverStallsItsStream(t *testing.T) {
 		p := newFaultProxy(t)
 		const limit = 4096
 		s := newSink(t, Options{Client: client(t, p.URL), MaxBatchBytes: limit})
-		var events []relay.Event
+		var events []outbox.Event
 		for i := range 60 {
 			// Control characters in ids are escaped six-fold in the body,
 			// which the sink's size estimate does not see.
@@ -241,11 +242,11 @@ func TestSinkServerVersion(t *testing.T) {
 		// the way it would if the version were misdetected.
 		p.refuseSourceParam.Store(true)
 		s := newSink(t, Options{Client: client(t, p.URL)})
-		ob, err := relay.NewOutbox(schemaName)
+		ob, err := outbox.NewOutbox(schemaName)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var events []relay.Event
+		var events []outbox.Event
 		for i := range 20 {
 			events = append(events, upsert(name, fmt.Sprintf("s%02d", i), 1, docN(int64(i))))
 		}
@@ -298,7 +299,7 @@ func TestSinkServerVersion(t *testing.T) {
 		v := "7.17.28"
 		p.fakeVersion.Store(&v)
 		s := newSink(t, Options{Client: client(t, p.URL)})
-		out, err := s.Write(context.Background(), []relay.Event{upsert(name, "a", 1, `{}`)})
+		out, err := s.Write(context.Background(), []outbox.Event{upsert(name, "a", 1, `{}`)})
 		if !IsConfig(err) || out != nil || !strings.Contains(err.Error(), "Elasticsearch 7.17.28 is not supported; outboxd needs 8.0 or later") {
 			t.Fatalf("Write: %v %v", out, err)
 		}
@@ -346,7 +347,7 @@ func TestSinkRefusedIndexSpecIsAConfigurationError(t *testing.T) {
 	es, name := setup(t)
 	// Well-formed for NewSink, refused by Elasticsearch when the index is created.
 	s := newSink(t, Options{Client: es, IndexSpec: []byte(`{"mappings":{"properties":{"title":{"type":"txet"}}}}`)})
-	out, err := s.Write(context.Background(), []relay.Event{upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`)})
+	out, err := s.Write(context.Background(), []outbox.Event{upsert(name, "a", 1, `{}`), upsert(name, "b", 1, `{}`)})
 	if !IsConfig(err) || out != nil || !strings.Contains(err.Error(), "txet") {
 		t.Fatalf("Write: %v %v, want a configuration error naming the mapping and no outcomes", statuses(out), err)
 	}

@@ -35,7 +35,7 @@ func CheckIndexSpec(ctx context.Context, es *elasticsearch.Client, spec []byte) 
 // declared on field [a] does not exist") in several generic ones.
 func innermost(body []byte, re *ResponseError) string {
 	var r struct {
-		Error *esError `json:"error"`
+		Error *ESError `json:"error"`
 	}
 	if json.Unmarshal(body, &r) != nil || r.Error == nil {
 		return re.Type + ": " + re.Reason

@@ -13,6 +13,14 @@ import (
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 )
 
+// A tombstone is the document a delete leaves at its version, so that an
+// older upsert arriving late is refused: TombstoneField true, and
+// TombstoneAtField when it was written (PurgeTombstones goes by it).
+const (
+	TombstoneField   = "outboxd_deleted"
+	TombstoneAtField = "outboxd_deleted_at"
+)
+
 // purgePage bounds the memory of a purge: one page of hits and one bulk
 // body at a time.
 const purgePage = 1000
@@ -40,7 +48,7 @@ func PurgeTombstones(ctx context.Context, es *elasticsearch.Client, name string,
 	}
 	cutoff := time.Now().Add(-olderThan).UTC().Format("2006-01-02T15:04:05.000Z")
 	query := `{"size":` + strconv.Itoa(purgePage) + `,"_source":false,"version":true,"seq_no_primary_term":true,"sort":["_doc"],` +
-		`"query":{"bool":{"filter":[{"term":{"outboxd_deleted":true}},{"range":{"outboxd_deleted_at":{"lt":"` + cutoff + `"}}}]}}}`
+		`"query":{"bool":{"filter":[{"term":{"` + TombstoneField + `":true}},{"range":{"` + TombstoneAtField + `":{"lt":"` + cutoff + `"}}}]}}}`
 	// A scroll, not search_after: sorting by _id needs fielddata that
 	// Elasticsearch 8 disables, and _doc order is only stable inside a
 	// scroll context. Deleting while scrolling is fine: the scroll reads a
@@ -131,7 +139,7 @@ func deleteTombstones(ctx context.Context, es *elasticsearch.Client, hits []tomb
 	}
 	var r struct {
 		Items []struct {
-			Delete bulkItem `json:"delete"`
+			Delete BulkItem `json:"delete"`
 		} `json:"items"`
 	}
 	if err := json.Unmarshal(raw, &r); err != nil {

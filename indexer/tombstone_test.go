@@ -9,7 +9,7 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 func TestPurgeTombstones(t *testing.T) {
@@ -80,7 +80,7 @@ func TestPurgeTombstones(t *testing.T) {
 		t.Parallel()
 		es, name := setup(t)
 		s := newSink(t, Options{Client: es})
-		events := make([]relay.Event, 0, purgePage+150)
+		events := make([]outbox.Event, 0, purgePage+150)
 		for i := range purgePage + 150 {
 			events = append(events, del(name, "t"+strconv.Itoa(i), 1))
 		}

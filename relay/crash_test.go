@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -38,7 +39,7 @@ type tableSink struct {
 	schema string
 }
 
-func (s *tableSink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *tableSink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	ids := make([]int64, len(events))
 	for i, e := range events {
 		ids[i] = e.ID
@@ -46,9 +47,9 @@ func (s *tableSink) Write(ctx context.Context, events []relay.Event) ([]relay.Ou
 	if _, err := s.pool.Exec(ctx, `INSERT INTO "`+s.schema+`".delivered (id) SELECT unnest($1::bigint[])`, ids); err != nil {
 		return nil, err
 	}
-	outs := make([]relay.Outcome, len(events))
+	outs := make([]outbox.Outcome, len(events))
 	for i := range outs {
-		outs[i] = relay.Outcome{Status: relay.Applied}
+		outs[i] = outbox.Outcome{Status: outbox.Applied}
 	}
 	return outs, nil
 }
@@ -83,7 +84,7 @@ func TestRelayCrash(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE "`+name+`".delivered (id bigint NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	ob, _ := relay.NewOutbox(name)
+	ob, _ := outbox.NewOutbox(name)
 
 	// Producers commit out of id order: each transaction appends a few
 	// events and holds them a random while before committing.
@@ -100,7 +101,7 @@ func TestRelayCrash(t *testing.T) {
 					return
 				}
 				for j := range 1 + rand.IntN(5) {
-					_, err := ob.Append(ctx, tx, relay.Event{IndexName: "items", SourceID: fmt.Sprintf("w%d-%d-%d", w, i, j), Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+					_, err := ob.Append(ctx, tx, outbox.Event{IndexName: "items", SourceID: fmt.Sprintf("w%d-%d-%d", w, i, j), Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 					if err != nil {
 						t.Error(err)
 						tx.Rollback(ctx)

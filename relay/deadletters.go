@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
 
@@ -33,7 +34,7 @@ type DeadLetter struct {
 	Index         string          `json:"index"`
 	SourceID      string          `json:"source_id"`
 	Version       int64           `json:"version"`
-	Op            Op              `json:"op"`
+	Op            outbox.Op       `json:"op"`
 	Document      json.RawMessage `json:"document,omitempty"`
 	EventType     string          `json:"event_type,omitempty"`
 	Headers       json.RawMessage `json:"headers,omitempty"`
@@ -84,7 +85,7 @@ func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var doc, headers []byte
 	err := row.Scan(&d.ID, &d.EventID, &d.Stream, &d.Index, &d.SourceID, &d.Version, &op, &doc, &eventType, &headers,
 		&d.OccurredAt, &d.Reason, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.Status, &d.ResolvedAt, &resolvedBy)
-	d.Op = Op(op)
+	d.Op = outbox.Op(op)
 	d.Document, d.Headers = doc, headers
 	if eventType != nil {
 		d.EventType = *eventType
@@ -137,7 +138,7 @@ func (f *DeadLetterFilter) where() (string, []any, error) {
 }
 
 // ListDeadLetters returns dead letters matching f in id order.
-func ListDeadLetters(ctx context.Context, db DB, schemaName string, f DeadLetterFilter) ([]DeadLetter, error) {
+func ListDeadLetters(ctx context.Context, db outbox.DB, schemaName string, f DeadLetterFilter) ([]DeadLetter, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err
@@ -165,7 +166,7 @@ func ListDeadLetters(ctx context.Context, db DB, schemaName string, f DeadLetter
 
 // GetDeadLetter returns one dead letter; the error wraps
 // ErrDeadLetterNotFound when there is none with that id.
-func GetDeadLetter(ctx context.Context, db DB, schemaName string, dlID int64) (*DeadLetter, error) {
+func GetDeadLetter(ctx context.Context, db outbox.DB, schemaName string, dlID int64) (*DeadLetter, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err
@@ -280,4 +281,44 @@ RETURNING id`, ids)
 		return fail(err)
 	}
 	return len(ids), nil
+}
+
+// deadLetter is an event the relay gave up on, with why.
+type deadLetter struct {
+	event    outbox.Event
+	reason   string
+	attempts int
+	first    time.Time
+	last     time.Time
+}
+
+func parkDeadLetters(ctx context.Context, tx pgx.Tx, schemaName, stream string, dead []deadLetter) error {
+	if len(dead) == 0 {
+		return nil
+	}
+	rows := make([][]any, len(dead))
+	for i, d := range dead {
+		e := d.event
+		rows[i] = []any{e.ID, stream, e.IndexName, e.SourceID, e.Version, string(e.Op), nullable(e.Document),
+			nullString(e.EventType), nullable(e.Headers), e.OccurredAt, d.reason, d.attempts, d.first, d.last}
+	}
+	_, err := tx.CopyFrom(ctx, pgx.Identifier{schemaName, "dead_letters"},
+		[]string{"event_id", "stream", "index_name", "source_id", "version", "op", "document", "event_type", "headers",
+			"occurred_at", "reason", "attempts", "first_failed_at", "last_failed_at"},
+		pgx.CopyFromRows(rows))
+	return err
+}
+
+func nullable(b json.RawMessage) any {
+	if len(b) == 0 || string(b) == "null" {
+		return nil
+	}
+	return []byte(b)
+}
+
+func nullString(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

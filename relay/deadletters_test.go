@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 // dlSink rejects events until their source is fixed, like an index whose
@@ -22,17 +24,17 @@ type dlSink struct {
 	applied map[string][]int64 // source -> versions applied
 }
 
-func (s *dlSink) Write(_ context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *dlSink) Write(_ context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	outs := make([]relay.Outcome, len(events))
+	outs := make([]outbox.Outcome, len(events))
 	for i, e := range events {
 		if !s.fixed[e.SourceID] {
-			outs[i] = relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: field [price]"}
+			outs[i] = outbox.Outcome{Status: outbox.Rejected, Reason: "mapper_parsing_exception: field [price]"}
 			continue
 		}
 		s.applied[e.SourceID] = append(s.applied[e.SourceID], e.Version)
-		outs[i] = relay.Outcome{Status: relay.Applied}
+		outs[i] = outbox.Outcome{Status: outbox.Applied}
 	}
 	return outs, nil
 }
@@ -51,17 +53,12 @@ func (s *dlSink) versions(source string) []int64 {
 	return append([]int64(nil), s.applied[source]...)
 }
 
-type dlEnv struct {
-	*env
-	sink *dlSink
-}
-
 // setupDeadLetters runs a relay whose sink rejects everything until fixed,
 // and parks the given events as dead letters.
-func setupDeadLetters(t *testing.T, events ...relay.Event) *dlEnv {
+func setupDeadLetters(t *testing.T, events ...outbox.Event) (*env, *dlSink) {
 	t.Helper()
-	e := &dlEnv{env: setup(t), sink: &dlSink{fixed: map[string]bool{}, applied: map[string][]int64{}}}
-	stop := start(t, relay.Config{Pool: e.pool, Schema: e.schema, Sink: e.sink, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	e, sink := setup(t), &dlSink{fixed: map[string]bool{}, applied: map[string][]int64{}}
+	stop := start(t, relay.Config{Pool: e.pool, Schema: e.schema, Sink: sink, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		LeaseInterval: 100 * time.Millisecond})
 	t.Cleanup(func() {
 		if err := stop(); err != nil {
@@ -73,11 +70,11 @@ func setupDeadLetters(t *testing.T, events ...relay.Event) *dlEnv {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 20*time.Second, "every event is parked", func() bool { return len(e.list(t, relay.DeadLetterFilter{Limit: 1000})) == len(events) })
-	return e
+	schematest.Eventually(t, 20*time.Second, "every event is parked", func() bool { return len(e.list(t, relay.DeadLetterFilter{Limit: 1000})) == len(events) })
+	return e, sink
 }
 
-func (e *dlEnv) list(t *testing.T, f relay.DeadLetterFilter) []relay.DeadLetter {
+func (e *env) list(t *testing.T, f relay.DeadLetterFilter) []relay.DeadLetter {
 	t.Helper()
 	dls, err := relay.ListDeadLetters(context.Background(), e.pool, e.schema, f)
 	if err != nil {
@@ -92,7 +89,7 @@ type auditRow struct {
 	detail           map[string]any
 }
 
-func (e *dlEnv) audit(t *testing.T) []auditRow {
+func (e *env) audit(t *testing.T) []auditRow {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(), `SELECT operator, action, ids, detail FROM "`+e.schema+`".audit_log ORDER BY id`)
 	if err != nil {
@@ -112,14 +109,14 @@ func (e *dlEnv) audit(t *testing.T) []auditRow {
 	return out
 }
 
-func dlUpsert(index, source string, version int64) relay.Event {
-	return relay.Event{IndexName: index, SourceID: source, Version: version, Op: relay.OpUpsert,
+func dlUpsert(index, source string, version int64) outbox.Event {
+	return outbox.Event{IndexName: index, SourceID: source, Version: version, Op: outbox.OpUpsert,
 		Document: json.RawMessage(`{"price":"n/a"}`), Headers: json.RawMessage(`{"trace":"abc"}`), EventType: "product.updated"}
 }
 
 func TestDeadLetterList(t *testing.T) {
 	t.Parallel()
-	e := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1), dlUpsert("shop", "d", 2))
+	e, _ := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1), dlUpsert("shop", "d", 2))
 	ctx := context.Background()
 
 	t.Run("a dead letter keeps the event and the reason", func(t *testing.T) {
@@ -128,7 +125,7 @@ func TestDeadLetterList(t *testing.T) {
 			t.Fatalf("got %d", len(dls))
 		}
 		d := dls[0]
-		if d.Index != "shop" || d.Version != 2 || d.Op != relay.OpUpsert || d.Status != relay.DeadLetterParked || d.EventType != "product.updated" ||
+		if d.Index != "shop" || d.Version != 2 || d.Op != outbox.OpUpsert || d.Status != relay.DeadLetterParked || d.EventType != "product.updated" ||
 			!strings.Contains(d.Reason, "mapper_parsing_exception") || string(d.Headers) != `{"trace": "abc"}` || d.Stream != "default" {
 			t.Fatalf("dead letter = %+v (headers %s)", d, d.Headers)
 		}
@@ -166,7 +163,7 @@ func TestDeadLetterList(t *testing.T) {
 
 func TestDeadLetterRetry(t *testing.T) {
 	t.Parallel()
-	e := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "a", 2), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1))
+	e, sink := setupDeadLetters(t, dlUpsert("shop", "a", 1), dlUpsert("shop", "a", 2), dlUpsert("shop", "b", 1), dlUpsert("blog", "c", 1))
 	ctx := context.Background()
 
 	t.Run("retry needs an operator and a selection", func(t *testing.T) {
@@ -178,13 +175,13 @@ func TestDeadLetterRetry(t *testing.T) {
 		}
 	})
 	t.Run("a retried dead letter is delivered again by the running relay", func(t *testing.T) {
-		e.sink.fix("a")
+		sink.fix("a")
 		n, err := relay.RetryDeadLetters(ctx, e.pool, e.schema, relay.DeadLetterFilter{Index: "shop", SourceID: "a"}, "alice")
 		if err != nil || n != 2 {
 			t.Fatalf("retry: %d, %v", n, err)
 		}
-		eventually(t, 20*time.Second, "both versions of a are applied", func() bool { return len(e.sink.versions("a")) == 2 })
-		if v := e.sink.versions("a"); v[0] != 1 || v[1] != 2 {
+		schematest.Eventually(t, 20*time.Second, "both versions of a are applied", func() bool { return len(sink.versions("a")) == 2 })
+		if v := sink.versions("a"); v[0] != 1 || v[1] != 2 {
 			t.Fatalf("versions applied in order %v, want [1 2]", v)
 		}
 		for _, d := range e.list(t, relay.DeadLetterFilter{SourceID: "a"}) {
@@ -208,7 +205,7 @@ func TestDeadLetterRetry(t *testing.T) {
 		if err != nil || n != 1 {
 			t.Fatalf("retry: %d, %v", n, err)
 		}
-		eventually(t, 20*time.Second, "b is parked again", func() bool {
+		schematest.Eventually(t, 20*time.Second, "b is parked again", func() bool {
 			return len(e.list(t, relay.DeadLetterFilter{SourceID: "b", Status: relay.DeadLetterParked})) == 1
 		})
 	})
@@ -229,7 +226,7 @@ func TestDeadLetterRetry(t *testing.T) {
 		if last.operator != "carol" || last.action != "deadletters.discard" || len(last.ids) != 2 {
 			t.Fatalf("audit = %+v", a)
 		}
-		if e.sink.versions("c") != nil {
+		if sink.versions("c") != nil {
 			t.Fatal("a discarded dead letter was delivered")
 		}
 	})

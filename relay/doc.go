@@ -1,12 +1,9 @@
-// Package relay owns the outbox contract: appending events inside the
-// caller's transaction (Outbox.Append, AppendBatch, Queue for the caller's
-// own pgx.Batch, or the SQL function <schema>.append) and streaming every
-// committed event to a Sink exactly in step with PostgreSQL's commits.
-//
-// An event refused at append time (a *ValidationError naming the field)
-// also aborts the caller's transaction, exactly as the SQL function does,
-// so a caller that ignores the error cannot commit its row without its
-// event.
+// Package relay is the outbox engine: it streams every committed event
+// (appended with package outbox, or the SQL function <schema>.append) to
+// a Sink exactly in step with PostgreSQL's commits, acknowledges pages in
+// reading order, parks what the sink refuses in dead letters, and shares
+// the streams among relays by leadership. It depends on outbox and schema,
+// never on a sink.
 //
 // # Reading without gaps
 //

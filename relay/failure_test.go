@@ -13,7 +13,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestRelayFailures(t *testing.T) {
@@ -26,13 +28,13 @@ func TestRelayFailures(t *testing.T) {
 		sink.setDown(true)
 		start(t, e.config(sink))
 		ids := e.append(t, 300)
-		eventually(t, 10*time.Second, "backlog of 300", func() bool { return e.backlog(t) == 300 })
+		schematest.Eventually(t, 10*time.Second, "backlog of 300", func() bool { return e.backlog(t) == 300 })
 		time.Sleep(300 * time.Millisecond) // several failed attempts
 		if n := sink.delivered(); n != 0 {
 			t.Fatalf("delivered %d while down", n)
 		}
 		sink.setDown(false)
-		eventually(t, 20*time.Second, "backlog drained", func() bool { return e.backlog(t) == 0 })
+		schematest.Eventually(t, 20*time.Second, "backlog drained", func() bool { return e.backlog(t) == 0 })
 		for _, id := range ids {
 			if !sink.has(id) {
 				t.Fatalf("event %d lost", id)
@@ -51,15 +53,15 @@ func TestRelayFailures(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		sink := newRecordingSink()
-		sink.outcome = func(ev relay.Event) relay.Outcome {
+		sink.outcome = func(ev outbox.Event) outbox.Outcome {
 			if ev.SourceID == "s3" {
-				return relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: field [n] of type long"}
+				return outbox.Outcome{Status: outbox.Rejected, Reason: "mapper_parsing_exception: field [n] of type long"}
 			}
-			return relay.Outcome{Status: relay.Applied}
+			return outbox.Outcome{Status: outbox.Applied}
 		}
 		start(t, e.config(sink))
 		ids := e.append(t, 10)
-		eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[9]) && e.backlog(t) == 0 })
+		schematest.Eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[9]) && e.backlog(t) == 0 })
 		var reason, source string
 		var attempts int
 		err := e.pool.QueryRow(context.Background(), `SELECT source_id, reason, attempts FROM "`+e.schema+`".dead_letters`).Scan(&source, &reason, &attempts)
@@ -76,18 +78,18 @@ func TestRelayFailures(t *testing.T) {
 		e := setup(t)
 		sink := newRecordingSink()
 		var tries atomic.Int64
-		sink.outcome = func(ev relay.Event) relay.Outcome {
+		sink.outcome = func(ev outbox.Event) outbox.Outcome {
 			if ev.SourceID == "s1" {
 				tries.Add(1)
-				return relay.Outcome{Status: relay.Retry, Reason: "es_rejected_execution_exception (429)"}
+				return outbox.Outcome{Status: outbox.Retry, Reason: "es_rejected_execution_exception (429)"}
 			}
-			return relay.Outcome{Status: relay.Applied}
+			return outbox.Outcome{Status: outbox.Applied}
 		}
 		cfg := e.config(sink)
 		cfg.MaxAttempts = 4
 		start(t, cfg)
 		ids := e.append(t, 3)
-		eventually(t, 10*time.Second, "backlog drained", func() bool { return sink.has(ids[2]) && e.backlog(t) == 0 })
+		schematest.Eventually(t, 10*time.Second, "backlog drained", func() bool { return sink.has(ids[2]) && e.backlog(t) == 0 })
 		var reason string
 		var attempts int
 		if err := e.pool.QueryRow(context.Background(), `SELECT reason, attempts FROM "`+e.schema+`".dead_letters WHERE source_id = 's1'`).Scan(&reason, &attempts); err != nil {
@@ -105,7 +107,7 @@ func TestRelayFailures(t *testing.T) {
 		ctx := context.Background()
 		stop := start(t, e.config(sink))
 		first := e.append(t, 5)
-		eventually(t, 10*time.Second, "first events acknowledged", func() bool { return e.backlog(t) == 0 && sink.has(first[4]) })
+		schematest.Eventually(t, 10*time.Second, "first events acknowledged", func() bool { return e.backlog(t) == 0 && sink.has(first[4]) })
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +150,7 @@ func TestRelayFailures(t *testing.T) {
 		sink := newRecordingSink()
 		stop := start(t, e.config(sink))
 		ids := e.append(t, 200)
-		eventually(t, 10*time.Second, "all delivered", func() bool { return sink.delivered() == len(ids) })
+		schematest.Eventually(t, 10*time.Second, "all delivered", func() bool { return sink.delivered() == len(ids) })
 		if err := stop(); err != nil {
 			t.Fatalf("graceful shutdown: %v", err)
 		}
@@ -158,7 +160,7 @@ func TestRelayFailures(t *testing.T) {
 		again := newRecordingSink()
 		start(t, e.config(again))
 		more := e.append(t, 1)
-		eventually(t, 10*time.Second, "new event delivered after restart", func() bool { return again.has(more[0]) })
+		schematest.Eventually(t, 10*time.Second, "new event delivered after restart", func() bool { return again.has(more[0]) })
 		if n := again.delivered(); n != 1 {
 			t.Fatalf("restart re-delivered %d acknowledged events", n-1)
 		}
@@ -179,7 +181,7 @@ func TestRelayFailures(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for range 50 {
-					_, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "items", SourceID: fmt.Sprintf("w%d", w%2), Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+					_, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "items", SourceID: fmt.Sprintf("w%d", w%2), Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 					if err != nil {
 						t.Error(err)
 						return
@@ -188,7 +190,7 @@ func TestRelayFailures(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		eventually(t, 20*time.Second, "all delivered", func() bool { return sink.delivered() == 200 })
+		schematest.Eventually(t, 20*time.Second, "all delivered", func() bool { return sink.delivered() == 200 })
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
 		last := map[string]int64{}
@@ -208,8 +210,8 @@ func TestRelayFailures(t *testing.T) {
 		cfg.Streams = []relay.Stream{{Name: "s", BucketLo: 0, BucketHi: 1023, Indexes: []string{"a"}}}
 		stop := start(t, cfg)
 		ctx := context.Background()
-		idA, _ := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "a", SourceID: "x", Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
-		eventually(t, 10*time.Second, "a delivered", func() bool { return sink.has(idA) })
+		idA, _ := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "a", SourceID: "x", Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
+		schematest.Eventually(t, 10*time.Second, "a delivered", func() bool { return sink.has(idA) })
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -253,17 +255,17 @@ func TestRelayFailures(t *testing.T) {
 		e := setup(t)
 		sink := newRecordingSink()
 		var calls atomic.Int64
-		sink.outcome = func(ev relay.Event) relay.Outcome {
+		sink.outcome = func(ev outbox.Event) outbox.Outcome {
 			if calls.Add(1) <= 12 {
-				return relay.Outcome{Status: relay.Retry, Reason: "bulk: 503 cluster_block_exception", Outage: true}
+				return outbox.Outcome{Status: outbox.Retry, Reason: "bulk: 503 cluster_block_exception", Outage: true}
 			}
-			return relay.Outcome{Status: relay.Applied}
+			return outbox.Outcome{Status: outbox.Applied}
 		}
 		cfg := e.config(sink)
 		cfg.MaxAttempts = 3
 		start(t, cfg)
 		ids := e.append(t, 1)
-		eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sink.has(ids[0]) })
+		schematest.Eventually(t, 20*time.Second, "delivered after the outage", func() bool { return sink.has(ids[0]) })
 		var dead int
 		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+e.schema+`".dead_letters`).Scan(&dead); err != nil {
 			t.Fatal(err)

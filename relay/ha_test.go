@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestRelayHighAvailability(t *testing.T) {
@@ -31,8 +32,8 @@ func TestRelayHighAvailability(t *testing.T) {
 		go func() { doneA <- ra.Run(ctxA) }()
 		go func() { _ = rb.Run(ctxB) }()
 
-		eventually(t, 10*time.Second, "one leader", func() bool { return len(ra.Leading())+len(rb.Leading()) == 1 })
-		eventually(t, 10*time.Second, "stats name the leader's session", func() bool {
+		schematest.Eventually(t, 10*time.Second, "one leader", func() bool { return len(ra.Leading())+len(rb.Leading()) == 1 })
+		schematest.Eventually(t, 10*time.Second, "stats name the leader's session", func() bool {
 			st, err := relay.CollectStats(context.Background(), e.pool, e.schema)
 			return err == nil && len(st.Streams) == 1 && st.Streams[0].LeaderPID != 0
 		})
@@ -48,14 +49,14 @@ func TestRelayHighAvailability(t *testing.T) {
 		}
 		_ = leader
 		ids := e.append(t, 10)
-		eventually(t, 10*time.Second, "leader delivers", func() bool { return leaderSink.has(ids[9]) })
+		schematest.Eventually(t, 10*time.Second, "leader delivers", func() bool { return leaderSink.has(ids[9]) })
 		if standbySink.delivered() != 0 {
 			t.Fatal("the standby delivered events while the leader was alive")
 		}
 		stopLeader()
-		eventually(t, 10*time.Second, "standby takes over", func() bool { return len(standby.Leading()) == 1 })
+		schematest.Eventually(t, 10*time.Second, "standby takes over", func() bool { return len(standby.Leading()) == 1 })
 		more := e.append(t, 10)
-		eventually(t, 10*time.Second, "new leader delivers", func() bool { return standbySink.has(more[9]) })
+		schematest.Eventually(t, 10*time.Second, "new leader delivers", func() bool { return standbySink.has(more[9]) })
 	})
 
 	t.Run("with two partitions two relays work at once and each sees only its share", func(t *testing.T) {
@@ -75,10 +76,10 @@ func TestRelayHighAvailability(t *testing.T) {
 		go func() { _ = ra.Run(ctx) }()
 		time.Sleep(300 * time.Millisecond) // A alone takes both partitions first
 		go func() { _ = rb.Run(ctx) }()
-		eventually(t, 15*time.Second, "one partition each", func() bool { return len(ra.Leading()) == 1 && len(rb.Leading()) == 1 })
+		schematest.Eventually(t, 15*time.Second, "one partition each", func() bool { return len(ra.Leading()) == 1 && len(rb.Leading()) == 1 })
 
 		ids := e.append(t, 400)
-		eventually(t, 15*time.Second, "all delivered", func() bool { return sinkA.delivered()+sinkB.delivered() == len(ids) })
+		schematest.Eventually(t, 15*time.Second, "all delivered", func() bool { return sinkA.delivered()+sinkB.delivered() == len(ids) })
 		if sinkA.delivered() == 0 || sinkB.delivered() == 0 {
 			t.Fatalf("one relay did all the work: %d and %d", sinkA.delivered(), sinkB.delivered())
 		}
@@ -127,9 +128,9 @@ func TestRelayHighAvailability(t *testing.T) {
 			<-doneB
 		})
 
-		eventually(t, 15*time.Second, "one partition each", func() bool { return len(ra.Leading()) == 1 && len(rb.Leading()) == 1 })
+		schematest.Eventually(t, 15*time.Second, "one partition each", func() bool { return len(ra.Leading()) == 1 && len(rb.Leading()) == 1 })
 		first := e.append(t, 200)
-		eventually(t, 15*time.Second, "both relays deliver", func() bool { return sinkA.delivered()+sinkB.delivered() == len(first) })
+		schematest.Eventually(t, 15*time.Second, "both relays deliver", func() bool { return sinkA.delivered()+sinkB.delivered() == len(first) })
 		if sinkA.delivered() == 0 || sinkB.delivered() == 0 {
 			t.Fatalf("one relay did all the work: %d and %d", sinkA.delivered(), sinkB.delivered())
 		}
@@ -144,11 +145,11 @@ func TestRelayHighAvailability(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatal("relay A did not stop")
 		}
-		eventually(t, 20*time.Second, "the survivor leads both partitions", func() bool { return len(rb.Leading()) == 2 })
+		schematest.Eventually(t, 20*time.Second, "the survivor leads both partitions", func() bool { return len(rb.Leading()) == 2 })
 
 		aBefore := sinkA.delivered()
 		more := e.append(t, 200)
-		eventually(t, 15*time.Second, "the survivor delivers every new event", func() bool {
+		schematest.Eventually(t, 15*time.Second, "the survivor delivers every new event", func() bool {
 			for _, id := range more {
 				if !sinkB.has(id) {
 					return false

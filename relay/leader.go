@@ -6,6 +6,8 @@ import (
 	"hash/fnv"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Leadership is a session-level advisory lock per (schema, stream), held on
@@ -73,7 +75,7 @@ type StreamLeader struct {
 }
 
 // Leaders reports which sessions lead the given streams, in one query.
-func Leaders(ctx context.Context, db DB, schemaName string, streams []string) ([]StreamLeader, error) {
+func Leaders(ctx context.Context, db outbox.DB, schemaName string, streams []string) ([]StreamLeader, error) {
 	out := make([]StreamLeader, len(streams))
 	keys := make([]int64, len(streams))
 	for i, s := range streams {

@@ -73,7 +73,7 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 	// others: reading with another filter under the same name would treat
 	// events it never delivered as acknowledged.
 	if !sameSet(stored, s.Indexes) {
-		return position{}, fmt.Errorf("relay: stream %s: stored index filter %v differs from configured %v; use a new stream name when changing --indexes",
+		return position{}, fmt.Errorf("relay: stream %s: stored index filter %v differs from configured %v; use a new stream name when changing the stream's index filter",
 			s.Name, stored, s.Indexes)
 	}
 	var p position

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Stream is one independently acknowledged share of the outbox: a range of
@@ -63,7 +65,7 @@ func (p position) equal(o position) bool {
 // page is one read: events in (xid, id) order and the position reached
 // once all of them are handled.
 type page struct {
-	events []Event
+	events []outbox.Event
 	bytes  int
 	pos    position
 	err    error // a read failure the stream cannot go on from
@@ -187,9 +189,9 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 	for rows.Next() {
 		if p.events == nil {
 			// Allocated on the first row: idle polls find none.
-			p.events = make([]Event, 0, min(r.maxDocs, 4096))
+			p.events = make([]outbox.Event, 0, min(r.maxDocs, 4096))
 		}
-		p.events = append(p.events, Event{})
+		p.events = append(p.events, outbox.Event{})
 		e := &p.events[len(p.events)-1]
 		if err := rows.Scan(&e.ID, &e.XID, &e.IndexName, &e.SourceID, &e.Version, (*string)(&e.Op), (*[]byte)(&e.Document),
 			&e.EventType, (*[]byte)(&e.Headers), &e.OccurredAt, &e.CreatedAt); err != nil {

@@ -47,7 +47,9 @@ type Config struct {
 	Wakeup bool
 
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Logger receives the relay's own lines; nil discards them (a library
+	// never logs on its own; cmd/outboxd passes its logger).
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() {
@@ -81,7 +83,7 @@ func (c *Config) setDefaults() {
 	def(&c.ProgressInterval, time.Second)
 	def(&c.StoreInterval, 100*time.Millisecond)
 	if c.Logger == nil {
-		c.Logger = slog.Default()
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
 

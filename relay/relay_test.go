@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -21,30 +22,30 @@ import (
 // programmable outcome.
 type recordingSink struct {
 	mu      sync.Mutex
-	seen    []relay.Event
+	seen    []outbox.Event
 	count   map[int64]int
-	outcome func(e relay.Event) relay.Outcome // nil: Applied
-	down    bool                              // Write fails as a whole
+	outcome func(e outbox.Event) outbox.Outcome // nil: Applied
+	down    bool                                // Write fails as a whole
 	writes  int
 }
 
 func newRecordingSink() *recordingSink { return &recordingSink{count: map[int64]int{}} }
 
-func (s *recordingSink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *recordingSink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.writes++
 	if s.down {
 		return nil, fmt.Errorf("sink is down")
 	}
-	outs := make([]relay.Outcome, len(events))
+	outs := make([]outbox.Outcome, len(events))
 	for i, e := range events {
-		o := relay.Outcome{Status: relay.Applied}
+		o := outbox.Outcome{Status: outbox.Applied}
 		if s.outcome != nil {
 			o = s.outcome(e)
 		}
 		outs[i] = o
-		if o.Status == relay.Applied || o.Status == relay.Stale {
+		if o.Status == outbox.Applied || o.Status == outbox.Stale {
 			s.seen = append(s.seen, e)
 			s.count[e.ID]++
 		}
@@ -73,13 +74,13 @@ func (s *recordingSink) delivered() int {
 type env struct {
 	pool   *pgxpool.Pool
 	schema string
-	outbox *relay.Outbox
+	outbox *outbox.Outbox
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
 	pool, name := schematest.Setup(t)
-	ob, err := relay.NewOutbox(name)
+	ob, err := outbox.NewOutbox(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,8 +133,8 @@ func (e *env) append(t *testing.T, n int) []int64 {
 	t.Helper()
 	ids := make([]int64, n)
 	for i := range n {
-		id, err := e.outbox.Append(context.Background(), e.pool, relay.Event{
-			IndexName: "items", SourceID: fmt.Sprintf("s%d", i), Version: 1, Op: relay.OpUpsert,
+		id, err := e.outbox.Append(context.Background(), e.pool, outbox.Event{
+			IndexName: "items", SourceID: fmt.Sprintf("s%d", i), Version: 1, Op: outbox.OpUpsert,
 			Document: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)),
 		})
 		if err != nil {
@@ -142,17 +143,6 @@ func (e *env) append(t *testing.T, n int) []int64 {
 		ids[i] = id
 	}
 	return ids
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func (e *env) backlog(t *testing.T) int64 {
@@ -173,8 +163,8 @@ func TestRelayDelivery(t *testing.T) {
 		sink := newRecordingSink()
 		stop := start(t, e.config(sink))
 		ids := e.append(t, 500)
-		eventually(t, 20*time.Second, "all events delivered", func() bool { return sink.delivered() == len(ids) })
-		eventually(t, 20*time.Second, "backlog zero", func() bool { return e.backlog(t) == 0 })
+		schematest.Eventually(t, 20*time.Second, "all events delivered", func() bool { return sink.delivered() == len(ids) })
+		schematest.Eventually(t, 20*time.Second, "backlog zero", func() bool { return e.backlog(t) == 0 })
 		if err := stop(); err != nil {
 			t.Fatalf("Run: %v", err)
 		}
@@ -192,18 +182,18 @@ func TestRelayDelivery(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer txA.Rollback(ctx)
-		idA, err := e.outbox.Append(ctx, txA, relay.Event{IndexName: "items", SourceID: "a", Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+		idA, err := e.outbox.Append(ctx, txA, outbox.Event{IndexName: "items", SourceID: "a", Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		idB, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "items", SourceID: "b", Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+		idB, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "items", SourceID: "b", Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if idB <= idA {
 			t.Fatalf("want B's id after A's: %d <= %d", idB, idA)
 		}
-		eventually(t, 10*time.Second, "B delivered while A is open", func() bool { return sink.has(idB) })
+		schematest.Eventually(t, 10*time.Second, "B delivered while A is open", func() bool { return sink.has(idB) })
 		// Let the relay take several more snapshots past B before A commits.
 		time.Sleep(200 * time.Millisecond)
 		if sink.has(idA) {
@@ -212,7 +202,7 @@ func TestRelayDelivery(t *testing.T) {
 		if err := txA.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "A delivered after it commits", func() bool { return sink.has(idA) })
+		schematest.Eventually(t, 10*time.Second, "A delivered after it commits", func() bool { return sink.has(idA) })
 	})
 
 	t.Run("a long unrelated open write transaction does not stall delivery", func(t *testing.T) {
@@ -233,7 +223,7 @@ func TestRelayDelivery(t *testing.T) {
 		}
 		for round := range 5 {
 			ids := e.append(t, 20)
-			eventually(t, 10*time.Second, fmt.Sprintf("round %d delivered with the long transaction open", round), func() bool {
+			schematest.Eventually(t, 10*time.Second, fmt.Sprintf("round %d delivered with the long transaction open", round), func() bool {
 				return sink.has(ids[len(ids)-1]) && sink.has(ids[0])
 			})
 		}
@@ -249,7 +239,7 @@ func TestRelayDelivery(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		idR, err := e.outbox.Append(ctx, tx, relay.Event{IndexName: "items", SourceID: "r", Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+		idR, err := e.outbox.Append(ctx, tx, outbox.Event{IndexName: "items", SourceID: "r", Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +247,7 @@ func TestRelayDelivery(t *testing.T) {
 			t.Fatal(err)
 		}
 		ids := e.append(t, 3)
-		eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[2]) })
+		schematest.Eventually(t, 10*time.Second, "later events delivered", func() bool { return sink.has(ids[2]) })
 		if sink.has(idR) {
 			t.Fatal("a rolled back event was delivered")
 		}
@@ -282,14 +272,14 @@ func TestRelayWakeup(t *testing.T) {
 		start(t, cfg)
 		first := e.append(t, 1)
 		// The very first poll happens at once; after it the loop sleeps a minute.
-		eventually(t, 10*time.Second, "first event", func() bool { return sink.has(first[0]) })
+		schematest.Eventually(t, 10*time.Second, "first event", func() bool { return sink.has(first[0]) })
 		time.Sleep(100 * time.Millisecond)
 		for i := range 3 {
-			id, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: "items", SourceID: fmt.Sprintf("wake%d", i), Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{}`)})
+			id, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "items", SourceID: fmt.Sprintf("wake%d", i), Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 5*time.Second, "woken delivery", func() bool { return sink.has(id) })
+			schematest.Eventually(t, 5*time.Second, "woken delivery", func() bool { return sink.has(id) })
 		}
 	})
 }

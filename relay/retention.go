@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
 
@@ -12,7 +13,7 @@ import (
 // has acknowledged, in batches of batchSize so no lock is held for long.
 // An event a stream has not acknowledged is never removed, however old.
 // It returns how many events it deleted.
-func DeleteAcknowledged(ctx context.Context, db DB, schemaName string, retention time.Duration, batchSize int) (int64, error) {
+func DeleteAcknowledged(ctx context.Context, db outbox.DB, schemaName string, retention time.Duration, batchSize int) (int64, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return 0, err

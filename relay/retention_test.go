@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestRetention(t *testing.T) {
@@ -18,7 +19,7 @@ func TestRetention(t *testing.T) {
 		sink := newRecordingSink()
 		stop := start(t, e.config(sink))
 		acked := e.append(t, 30)
-		eventually(t, 10*time.Second, "acknowledged", func() bool { return sink.has(acked[29]) && e.backlog(t) == 0 })
+		schematest.Eventually(t, 10*time.Second, "acknowledged", func() bool { return sink.has(acked[29]) && e.backlog(t) == 0 })
 		if err := stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +56,7 @@ func TestRetention(t *testing.T) {
 		sink := newRecordingSink()
 		stop := start(t, e.config(sink))
 		ids := e.append(t, 10)
-		eventually(t, 10*time.Second, "acknowledged", func() bool { return sink.has(ids[9]) && e.backlog(t) == 0 })
+		schematest.Eventually(t, 10*time.Second, "acknowledged", func() bool { return sink.has(ids[9]) && e.backlog(t) == 0 })
 		_ = stop()
 		n, err := relay.DeleteAcknowledged(context.Background(), e.pool, e.schema, time.Hour, 100)
 		if err != nil || n != 0 {

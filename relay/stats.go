@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
 
@@ -47,7 +48,7 @@ type Stats struct {
 }
 
 // CollectStats computes Stats for the outbox in schemaName.
-func CollectStats(ctx context.Context, db DB, schemaName string) (*Stats, error) {
+func CollectStats(ctx context.Context, db outbox.DB, schemaName string) (*Stats, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err

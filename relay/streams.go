@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
 
@@ -68,7 +69,7 @@ func (s *Stats) AbandonedStreams() []string {
 
 // ListStreams returns every registered stream in name order, marked
 // abandoned when it has no leader and no progress for longer than after.
-func ListStreams(ctx context.Context, db DB, schemaName string, after time.Duration) ([]StreamInfo, error) {
+func ListStreams(ctx context.Context, db outbox.DB, schemaName string, after time.Duration) ([]StreamInfo, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/indexer/repair"
 )
 
 func init() {
@@ -73,8 +74,8 @@ Flags:
 	if err != nil {
 		return err
 	}
-	prog := indexer.NewProgress("backfill "+*index, 0, indexer.ProgressOptions{})
-	rep, err := indexer.Backfill(ctx, indexer.BackfillOptions{
+	prog := repair.NewProgress("backfill "+*index, 0, repair.ProgressOptions{})
+	rep, err := repair.Backfill(ctx, repair.BackfillOptions{
 		Pool: pool, Schema: db.schema, Sink: sink, Index: *index, SourceSQL: *sourceSQL, Restart: *restart,
 		Batch: *batch, InFlight: *inFlight, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Progress: prog,
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -21,19 +22,19 @@ type cliSink struct {
 	applied map[string]int
 }
 
-func (s *cliSink) Write(_ context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *cliSink) Write(_ context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	outs := make([]relay.Outcome, len(events))
+	outs := make([]outbox.Outcome, len(events))
 	for i, e := range events {
 		var doc struct{ Bad bool }
 		_ = json.Unmarshal(e.Document, &doc)
 		if doc.Bad {
-			outs[i] = relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: failed to parse [price]"}
+			outs[i] = outbox.Outcome{Status: outbox.Rejected, Reason: "mapper_parsing_exception: failed to parse [price]"}
 			continue
 		}
 		s.applied[e.SourceID]++
-		outs[i] = relay.Outcome{Status: relay.Applied}
+		outs[i] = outbox.Outcome{Status: outbox.Applied}
 	}
 	return outs, nil
 }
@@ -41,7 +42,7 @@ func (s *cliSink) Write(_ context.Context, events []relay.Event) ([]relay.Outcom
 type cliEnv struct {
 	pool   *pgxpool.Pool
 	schema string
-	outbox *relay.Outbox
+	outbox *outbox.Outbox
 	sink   *cliSink
 	dbArgs []string
 }
@@ -49,7 +50,7 @@ type cliEnv struct {
 func cliSetup(t *testing.T) *cliEnv {
 	t.Helper()
 	pool, name := schematest.Setup(t)
-	ob, err := relay.NewOutbox(name)
+	ob, err := outbox.NewOutbox(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,13 +79,13 @@ func (e *cliEnv) runRelay(t *testing.T) (stop func()) {
 		})
 	}
 	t.Cleanup(stop)
-	cliEventually(t, "the relay leads", func() bool { return len(r.Leading()) == 1 })
+	schematest.Eventually(t, 20*time.Second, "the relay leads", func() bool { return len(r.Leading()) == 1 })
 	return stop
 }
 
 func (e *cliEnv) append(t *testing.T, index, source, doc string) {
 	t.Helper()
-	if _, err := e.outbox.Append(context.Background(), e.pool, relay.Event{IndexName: index, SourceID: source, Op: relay.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
+	if _, err := e.outbox.Append(context.Background(), e.pool, outbox.Event{IndexName: index, SourceID: source, Op: outbox.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -96,17 +97,6 @@ func (e *cliEnv) backlog(t *testing.T) int64 {
 		t.Fatal(err)
 	}
 	return st.Backlog()
-}
-
-func cliEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func exitCode(err error) int {

@@ -87,8 +87,8 @@ func TestNoOutputCarriesASecret(t *testing.T) {
 	invocations := [][]string{{"repair", "restore"}}
 	for _, n := range names {
 		inv := []string{n}
-		if n == "deadletters" {
-			inv = append(inv, "list")
+		if n == "deadletters" || n == "streams" {
+			inv = append(inv, "list") // both parse their flags after an action
 		}
 		invocations = append(invocations, inv)
 	}
@@ -126,11 +126,9 @@ func TestNoOutputCarriesASecret(t *testing.T) {
 		{"status"},
 		{"deadletters", "list"},
 		{"reconcile", "--index", "x", "--source-sql", "SELECT 1"},
-		{"example-api", "--database-url", argDatabaseURL},
 		{"repair", "--index", "x"},
 		{"repair", "restore", backup},
 		{"purge-tombstones", "--index", "x"},
-		{"demo-client", "--api", "http://carol:sEcret-api@127.0.0.1:1", "--count", "1", "--burst", "1", "--wait", "1s"},
 	} {
 		t.Run(strings.Join(args, " ")+" fails against unreachable servers without printing a secret", func(t *testing.T) {
 			if out, code := run(t, args...); code == 0 {

@@ -14,6 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -38,16 +40,45 @@ func runDeadLetters(ctx context.Context, args []string) error {
 }
 
 func deadLetters(ctx context.Context, args []string, out io.Writer) error {
+	a, err := parseDeadLetters(args)
+	if err != nil {
+		return err
+	}
+	pool, err := a.db.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	switch a.action {
+	case "list":
+		return listDeadLetters(ctx, pool, a, out)
+	case "show":
+		return showDeadLetters(ctx, pool, a, out)
+	}
+	return resolveDeadLetters(ctx, pool, a, out)
+}
+
+// dlArgs is a checked deadletters command line.
+type dlArgs struct {
+	action   string // list, show, retry or discard
+	db       *dbFlags
+	f        relay.DeadLetterFilter
+	asJSON   bool
+	operator string // retry and discard
+}
+
+func parseDeadLetters(args []string) (*dlArgs, error) {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		fmt.Fprint(os.Stderr, deadLettersUsage)
-		return &exitError{2, errors.New("missing action: list, show, retry or discard")}
+		return nil, &exitError{2, errors.New("missing action: list, show, retry or discard")}
 	}
+	a := &dlArgs{action: args[0]}
 	action, args := args[0], args[1:]
 	switch action {
 	case "list", "show", "retry", "discard":
 	default:
 		fmt.Fprint(os.Stderr, deadLettersUsage)
-		return &exitError{2, fmt.Errorf("unknown action %q: want list, show, retry or discard", action)}
+		return nil, &exitError{2, fmt.Errorf("unknown action %q: want list, show, retry or discard", action)}
 	}
 
 	fs := flag.NewFlagSet("deadletters "+action, flag.ContinueOnError)
@@ -55,16 +86,15 @@ func deadLetters(ctx context.Context, args []string, out io.Writer) error {
 		fmt.Fprint(fs.Output(), deadLettersUsage+"\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	db := addDBFlags(fs)
+	a.db = addDBFlags(fs)
 	var ids idList
-	var f relay.DeadLetterFilter
-	asJSON := fs.Bool("json", false, "print JSON")
+	f := &a.f
+	fs.BoolVar(&a.asJSON, "json", false, "print JSON")
 	fs.Var(&ids, "id", "dead letter id; repeat the flag or separate with commas")
 	fs.StringVar(&f.Index, "index", "", "only dead letters of this index")
 	fs.StringVar(&f.SourceID, "source-id", "", "only dead letters of this source id")
 	fs.StringVar(&f.ReasonContains, "reason", "", "only dead letters whose reason contains this text (any case)")
 	status := "parked"
-	operator := ""
 	switch action {
 	case "list":
 		fs.StringVar(&status, "status", "parked", "parked, retried, discarded or all")
@@ -72,13 +102,13 @@ func deadLetters(ctx context.Context, args []string, out io.Writer) error {
 		fs.Int64Var(&f.AfterID, "after", 0, "show dead letters with an id above this (the next page)")
 	case "retry", "discard":
 		fs.BoolVar(&f.All, "all", false, "act on every parked dead letter (required when no other selection is given)")
-		fs.StringVar(&operator, "operator", "", "who acts, for the audit log (default: the OS user)")
+		fs.StringVar(&a.operator, "operator", "", "who acts, for the audit log (default: the OS user)")
 	}
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q (use --id for ids)", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q (use --id for ids)", fs.Arg(0))
 	}
 	f.IDs = ids
 	switch status {
@@ -87,79 +117,79 @@ func deadLetters(ctx context.Context, args []string, out io.Writer) error {
 	case relay.DeadLetterParked, relay.DeadLetterRetried, relay.DeadLetterDiscarded:
 		f.Status = status
 	default:
-		return fmt.Errorf("status: must be parked, retried, discarded or all, got %q", status)
+		return nil, fmt.Errorf("status: must be parked, retried, discarded or all, got %q", status)
 	}
 	if action == "list" && f.Limit <= 0 {
-		return fmt.Errorf("limit: must be > 0, got %d", f.Limit)
+		return nil, fmt.Errorf("limit: must be > 0, got %d", f.Limit)
 	}
 	if action == "show" && len(ids) == 0 {
-		return errors.New("id: show needs --id")
+		return nil, errors.New("id: show needs --id")
 	}
 	if (action == "retry" || action == "discard") && !f.All && len(ids) == 0 && f.Index == "" && f.SourceID == "" && f.ReasonContains == "" {
-		return fmt.Errorf("%s: select dead letters with --id, --index, --source-id or --reason, or pass --all", action)
+		return nil, fmt.Errorf("%s: select dead letters with --id, --index, --source-id or --reason, or pass --all", action)
 	}
 	if action == "retry" || action == "discard" {
 		var err error
-		if operator, err = operatorName(operator); err != nil {
-			return err
+		if a.operator, err = operatorName(a.operator); err != nil {
+			return nil, err
 		}
 	}
+	return a, nil
+}
 
-	pool, err := db.pool(ctx)
+func listDeadLetters(ctx context.Context, pool *pgxpool.Pool, a *dlArgs, out io.Writer) error {
+	dls, err := relay.ListDeadLetters(ctx, pool, a.db.schema, a.f)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	if a.asJSON {
+		return indentJSON(out, dls)
+	}
+	printDeadLetters(out, dls, a.f.Limit)
+	return nil
+}
 
-	switch action {
-	case "list":
-		dls, err := relay.ListDeadLetters(ctx, pool, db.schema, f)
+func showDeadLetters(ctx context.Context, pool *pgxpool.Pool, a *dlArgs, out io.Writer) error {
+	var dls []relay.DeadLetter
+	for _, id := range a.f.IDs {
+		d, err := relay.GetDeadLetter(ctx, pool, a.db.schema, id)
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return indentJSON(out, dls)
-		}
-		printDeadLetters(out, dls, f.Limit)
-		return nil
-	case "show":
-		var dls []relay.DeadLetter
-		for _, id := range ids {
-			d, err := relay.GetDeadLetter(ctx, pool, db.schema, id)
-			if err != nil {
-				return err
-			}
-			dls = append(dls, *d)
-		}
-		if *asJSON {
-			return indentJSON(out, dls)
-		}
-		for i, d := range dls {
-			if i > 0 {
-				fmt.Fprintln(out)
-			}
-			printDeadLetter(out, &d)
-		}
-		return nil
+		dls = append(dls, *d)
 	}
+	if a.asJSON {
+		return indentJSON(out, dls)
+	}
+	for i, d := range dls {
+		if i > 0 {
+			fmt.Fprintln(out)
+		}
+		printDeadLetter(out, &d)
+	}
+	return nil
+}
 
+// resolveDeadLetters retries or discards the selected parked dead letters.
+func resolveDeadLetters(ctx context.Context, pool *pgxpool.Pool, a *dlArgs, out io.Writer) error {
 	var n int
-	if action == "retry" {
-		n, err = relay.RetryDeadLetters(ctx, pool, db.schema, f, operator)
+	var err error
+	if a.action == "retry" {
+		n, err = relay.RetryDeadLetters(ctx, pool, a.db.schema, a.f, a.operator)
 	} else {
-		n, err = relay.DiscardDeadLetters(ctx, pool, db.schema, f, operator)
+		n, err = relay.DiscardDeadLetters(ctx, pool, a.db.schema, a.f, a.operator)
 	}
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		return indentJSON(out, map[string]any{"action": action, "count": n, "operator": operator})
+	if a.asJSON {
+		return indentJSON(out, map[string]any{"action": a.action, "count": n, "operator": a.operator})
 	}
 	verb := "re-queued"
-	if action == "discard" {
+	if a.action == "discard" {
 		verb = "discarded"
 	}
-	fmt.Fprintf(out, "%s %d dead letter(s) as %s (recorded in audit_log)\n", verb, n, operator)
+	fmt.Fprintf(out, "%s %d dead letter(s) as %s (recorded in audit_log)\n", verb, n, a.operator)
 	return nil
 }
 

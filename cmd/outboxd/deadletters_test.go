@@ -7,8 +7,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestDeadLettersCommand(t *testing.T) {
@@ -20,7 +22,7 @@ func TestDeadLettersCommand(t *testing.T) {
 		e.append(t, "shop", "bad-"+strconv.Itoa(i), `{"bad":true}`)
 	}
 	e.append(t, "blog", "bad-post", `{"bad":true}`)
-	cliEventually(t, "four events are parked", func() bool {
+	schematest.Eventually(t, 20*time.Second, "four events are parked", func() bool {
 		dls, err := relay.ListDeadLetters(ctx, e.pool, e.schema, relay.DeadLetterFilter{Status: relay.DeadLetterParked})
 		return err == nil && len(dls) == 4
 	})
@@ -97,7 +99,7 @@ func TestDeadLettersCommand(t *testing.T) {
 			t.Fatalf("audit: %s %s %v", op, action, got)
 		}
 		// The sink still rejects them, so the running relay parks them again.
-		cliEventually(t, "the retried events come back as new dead letters", func() bool { return len(listJSON("--index", "shop")) == 3 })
+		schematest.Eventually(t, 20*time.Second, "the retried events come back as new dead letters", func() bool { return len(listJSON("--index", "shop")) == 3 })
 		if n := len(listJSON("--status", "retried")); n != 2 {
 			t.Fatalf("retried: %d", n)
 		}

@@ -108,9 +108,6 @@ var envAliases = map[string]string{
 	"elasticsearch-url":     "ELASTICSEARCH_URL",
 	"elasticsearch-timeout": "ELASTICSEARCH_TIMEOUT",
 	"status max-age":        "OUTBOXD_STATUS_MAX_AGE",
-	"example-api addr":      "OUTBOXD_API_ADDR",
-	"example-api index":     "OUTBOXD_TUTORIALS_INDEX",
-	"demo-client api":       "OUTBOXD_API_URL",
 }
 
 // envKeys are the variables that may set a flag, most specific first.

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -206,21 +206,21 @@ func TestGuaranteeRelayCommandMetricsEnvAndLogs(t *testing.T) {
 
 	const n = 5
 	for i := range n {
-		if _, err := e.outbox.Append(context.Background(), e.pool, relay.Event{IndexName: index, SourceID: "s" + strconv.Itoa(i), Version: 2,
-			Op: relay.OpUpsert, Document: json.RawMessage(`{"n":1}`)}); err != nil {
+		if _, err := e.outbox.Append(context.Background(), e.pool, outbox.Event{IndexName: index, SourceID: "s" + strconv.Itoa(i), Version: 2,
+			Op: outbox.OpUpsert, Document: json.RawMessage(`{"n":1}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A replay of s0 at the same version: stale.
-	if _, err := e.outbox.Append(context.Background(), e.pool, relay.Event{IndexName: index, SourceID: "s0", Version: 2,
-		Op: relay.OpUpsert, Document: json.RawMessage(`{"n":1}`)}); err != nil {
+	if _, err := e.outbox.Append(context.Background(), e.pool, outbox.Event{IndexName: index, SourceID: "s0", Version: 2,
+		Op: outbox.OpUpsert, Document: json.RawMessage(`{"n":1}`)}); err != nil {
 		t.Fatal(err)
 	}
 
 	// A mapping conflict once "n" is mapped as a number: rejected, parked.
-	cliEventually(t, "the first events are delivered", func() bool { return e.backlog(t) == 0 })
-	if _, err := e.outbox.Append(context.Background(), e.pool, relay.Event{IndexName: index, SourceID: "bad", Version: 1,
-		Op: relay.OpUpsert, Document: json.RawMessage(`{"n":"not a number"}`)}); err != nil {
+	schematest.Eventually(t, 20*time.Second, "the first events are delivered", func() bool { return e.backlog(t) == 0 })
+	if _, err := e.outbox.Append(context.Background(), e.pool, outbox.Event{IndexName: index, SourceID: "bad", Version: 1,
+		Op: outbox.OpUpsert, Document: json.RawMessage(`{"n":"not a number"}`)}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -237,7 +237,7 @@ func TestGuaranteeRelayCommandMetricsEnvAndLogs(t *testing.T) {
 		return string(b), err
 	}
 	var body string
-	cliEventually(t, "the relay applied every event and ran the retention job (admin server on OUTBOXD_ADMIN_ADDR)", func() bool {
+	schematest.Eventually(t, 20*time.Second, "the relay applied every event and ran the retention job (admin server on OUTBOXD_ADMIN_ADDR)", func() bool {
 		select {
 		case err := <-done:
 			stopped = true

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -37,9 +37,9 @@ func TestRelayDeliversWhileEveryJobRuns(t *testing.T) {
 	}
 	appendN := func(idx, prefix string, n int) {
 		for from := 0; from < n; from += 1000 {
-			batch := make([]relay.Event, 0, 1000)
+			batch := make([]outbox.Event, 0, 1000)
 			for i := from; i < min(from+1000, n); i++ {
-				batch = append(batch, relay.Event{IndexName: idx, SourceID: prefix + strconv.Itoa(i), Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{"n":1}`)})
+				batch = append(batch, outbox.Event{IndexName: idx, SourceID: prefix + strconv.Itoa(i), Version: 1, Op: outbox.OpUpsert, Document: json.RawMessage(`{"n":1}`)})
 			}
 			if _, err := e.outbox.AppendBatch(ctx, e.pool, batch); err != nil {
 				t.Fatal(err)
@@ -108,7 +108,7 @@ func TestRelayDeliversWhileEveryJobRuns(t *testing.T) {
 	if err := app.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cliEventually(t, "every job has run (the reconcile takes a few seconds)", func() bool {
+	schematest.Eventually(t, 20*time.Second, "every job has run (the reconcile takes a few seconds)", func() bool {
 		var runs int64
 		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".job_runs WHERE runs > 0`).Scan(&runs)
 		return runs == 4

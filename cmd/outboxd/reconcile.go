@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"sort"
 
-	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/indexer/repair"
 )
 
 func init() {
@@ -21,7 +22,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	es := addESFlags(fs)
 	index := fs.String("index", "", "write alias N (the events' index_name); every index behind it is scanned (required)")
 	sourceSQL := fs.String("source-sql", "", "query returning source_id, version, document[, deleted]; a NULL document or deleted=true means deleted in the source (required)")
-	sourceTimeout := fs.Duration("source-timeout", indexer.DefaultSourceTimeout, "statement timeout of --source-sql, which runs in a READ ONLY transaction")
+	sourceTimeout := fs.Duration("source-timeout", repair.DefaultSourceTimeout, "statement timeout of --source-sql, which runs in a READ ONLY transaction")
 	versionField := fs.String("version-field", "", "legacy indexes only: the document field holding the version (default: _version, which outboxd sets to the event's version)")
 	apply := fs.Bool("apply", false, "append fix events to the outbox (default: report only)")
 	sample := fs.Int("sample", 10, "samples printed per kind of drift")
@@ -78,8 +79,8 @@ Flags:
 		return err
 	}
 	defer pool.Close()
-	prog := indexer.NewProgress("scan "+*index, 0, indexer.ProgressOptions{})
-	rep, err := indexer.Reconcile(ctx, indexer.ReconcileOptions{
+	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{Logger: slog.Default()})
+	rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
 		ES: client, DB: pool, Schema: db.schema, Index: *index, SourceSQL: *sourceSQL,
 		SourceTimeout: *sourceTimeout, VersionField: *versionField, Apply: *apply, Sample: max(*sample, 1), Operator: *operator, Progress: prog,
 	})
@@ -94,7 +95,7 @@ Flags:
 	} else {
 		reconcilePrint(rep, *sample)
 	}
-	remaining := rep.NeedsRepair + rep.Counts[indexer.DriftDuplicate] + rep.Counts[indexer.DriftAhead]
+	remaining := rep.NeedsRepair + rep.Counts[repair.DriftDuplicate] + rep.Counts[repair.DriftAhead]
 	if !rep.Applied {
 		remaining += rep.Events
 	}
@@ -104,9 +105,9 @@ Flags:
 	return nil
 }
 
-func reconcilePrint(rep *indexer.ReconcileReport, sample int) {
+func reconcilePrint(rep *repair.ReconcileReport, sample int) {
 	fmt.Printf("index %s: %d documents (%d source_ids); source: %d rows\n", rep.Index, rep.IndexDocs, rep.IndexKeys, rep.SourceRows)
-	kinds := []string{indexer.DriftMissing, indexer.DriftStale, indexer.DriftExtra, indexer.DriftResurrected, indexer.DriftDuplicate, indexer.DriftAhead}
+	kinds := []string{repair.DriftMissing, repair.DriftStale, repair.DriftExtra, repair.DriftResurrected, repair.DriftDuplicate, repair.DriftAhead}
 	for _, k := range kinds {
 		fmt.Printf("  %-12s %d\n", k, rep.Counts[k])
 	}

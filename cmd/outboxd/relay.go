@@ -19,6 +19,7 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/indexer/repair"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -97,7 +98,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.reconcileIndex, "reconcile-index", "", "index name the scheduled reconcile checks")
 	fs.StringVar(&f.reconcileSQL, "reconcile-sql", "", "SQL returning source_id, version, document for the scheduled reconcile")
 	fs.BoolVar(&f.reconcileApply, "reconcile-apply", false, "let the scheduled reconcile append fix events (default: report only)")
-	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", indexer.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
+	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", repair.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "deadline of one scheduled job run; a run still going then is cancelled and recorded as failed")
 	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
 	if err := parseFlags(fs, args); err != nil {
@@ -269,7 +270,7 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		return fmt.Errorf("reconcile-sql-timeout: must be > 0, got %s", f.reconcileSQLTimeout)
 	}
 	return s.Add("reconcile", f.reconcileSchedule, func(ctx context.Context) error {
-		rep, err := indexer.Reconcile(ctx, indexer.ReconcileOptions{
+		rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
 			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: f.reconcileSQL,
 			SourceTimeout: f.reconcileSQLTimeout, Apply: f.reconcileApply, Operator: "scheduler",
 		})

@@ -6,12 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/indexer/repair"
 )
 
 func init() {
@@ -93,7 +94,7 @@ func runRepair(ctx context.Context, args []string) error {
 	if *index == "" {
 		return fmt.Errorf("index: required (--index NAME)")
 	}
-	keyFields, err := indexer.ParseRepairKey(*key)
+	keyFields, err := repair.ParseKey(*key)
 	if err != nil {
 		return err
 	}
@@ -102,8 +103,8 @@ func runRepair(ctx context.Context, args []string) error {
 		return err
 	}
 
-	prog := indexer.NewProgress("scan "+*index, 0, indexer.ProgressOptions{})
-	plan, err := indexer.PlanRepair(ctx, client, indexer.RepairOptions{
+	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{Logger: slog.Default()})
+	plan, err := repair.PlanDuplicates(ctx, client, repair.Options{
 		Index: *index, Key: keyFields, VersionField: *versionField, UpdatedField: *updatedField,
 		PageSize: *pageSize, Progress: prog, IncludeMissingKey: *includeMissingKey,
 	})
@@ -138,13 +139,13 @@ func runRepair(ctx context.Context, args []string) error {
 		name := fmt.Sprintf("outboxd-repair-%s-%s.ndjson", strings.ReplaceAll(*index, "/", "_"), time.Now().UTC().Format("20060102T150405Z"))
 		path = filepath.Join(*backupDir, name)
 	}
-	audit, err := indexer.OpenAuditLog(*auditLog, *operator)
+	audit, err := repair.OpenAuditLog(*auditLog, *operator)
 	if err != nil {
 		return fmt.Errorf("%w (nothing was changed)", err)
 	}
 	defer audit.Close()
-	aprog := indexer.NewProgress("repair "+*index, int64(len(plan.Groups)), indexer.ProgressOptions{})
-	res, err := plan.Apply(ctx, client, indexer.ApplyOptions{BackupPath: path, Audit: audit, Operator: *operator, Progress: aprog})
+	aprog := repair.NewProgress("repair "+*index, int64(len(plan.Groups)), repair.ProgressOptions{Logger: slog.Default()})
+	res, err := plan.Apply(ctx, client, repair.ApplyOptions{BackupPath: path, Audit: audit, Operator: *operator, Progress: aprog})
 	aprog.Finish()
 	if err != nil {
 		return err
@@ -203,13 +204,13 @@ Flags:
 	if err != nil {
 		return err
 	}
-	audit, err := indexer.OpenAuditLog(*auditLog, *operator)
+	audit, err := repair.OpenAuditLog(*auditLog, *operator)
 	if err != nil {
 		return err
 	}
 	defer audit.Close()
-	prog := indexer.NewProgress("restore", 0, indexer.ProgressOptions{})
-	res, err := indexer.RestoreRepair(ctx, client, fs.Arg(0), indexer.RestoreOptions{Audit: audit, Progress: prog})
+	prog := repair.NewProgress("restore", 0, repair.ProgressOptions{Logger: slog.Default()})
+	res, err := repair.Restore(ctx, client, fs.Arg(0), repair.RestoreOptions{Audit: audit, Progress: prog})
 	prog.Finish()
 	if err != nil {
 		return err

@@ -67,7 +67,7 @@ func TestRelayExitsPromptlyOnSIGTERM(t *testing.T) {
 	// moment, then lets prepare connect to it before the signal.
 	idle := func(t *testing.T, args []string, prepare func()) {
 		cmd, out := startCommand(t, append(base, args...)...)
-		cliEventually(t, "the relay leads the stream", func() bool {
+		schematest.Eventually(t, 20*time.Second, "the relay leads the stream", func() bool {
 			l, err := relay.Leaders(context.Background(), e.pool, e.schema, []string{"default"})
 			return err == nil && l[0].PID != 0
 		})

@@ -104,7 +104,7 @@ func TestRelayCommandPausesOnARefusedConfiguration(t *testing.T) {
 	var ready struct {
 		Checks map[string]string `json:"checks"`
 	}
-	cliEventually(t, "/readyz reports the paused stream", func() bool {
+	schematest.Eventually(t, 20*time.Second, "/readyz reports the paused stream", func() bool {
 		return get("/readyz", &ready) == http.StatusServiceUnavailable && strings.Contains(ready.Checks["sink"], "include_source_on_error")
 	})
 	if !strings.Contains(ready.Checks["sink"], "stream default paused") {
@@ -116,7 +116,7 @@ func TestRelayCommandPausesOnARefusedConfiguration(t *testing.T) {
 			Paused string `json:"paused"`
 		} `json:"streams"`
 	}
-	cliEventually(t, "the dashboard's summary shows why the stream is paused", func() bool {
+	schematest.Eventually(t, 20*time.Second, "the dashboard's summary shows why the stream is paused", func() bool {
 		return get("/api/summary", &sum) == http.StatusOK && len(sum.Streams) == 1 && strings.Contains(sum.Streams[0].Paused, "include_source_on_error")
 	})
 	time.Sleep(time.Second) // more rounds than --max-attempts

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema"
 )
@@ -83,7 +84,7 @@ func status(ctx context.Context, args []string, out io.Writer) error {
 
 // oldestEvent is the age of the outbox's first event (by id: close
 // enough, and cheap through the primary key); 0 when it is empty.
-func oldestEvent(ctx context.Context, db relay.DB, schemaName string) (time.Duration, error) {
+func oldestEvent(ctx context.Context, db outbox.DB, schemaName string) (time.Duration, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return 0, err

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestStatusCommand(t *testing.T) {
@@ -31,7 +33,7 @@ func TestStatusCommand(t *testing.T) {
 	stop := e.runRelay(t)
 	e.append(t, "shop", "a", `{"n":1}`)
 	e.append(t, "shop", "bad", `{"bad":true}`)
-	cliEventually(t, "the relay drained the outbox", func() bool { return e.backlog(t) == 0 })
+	schematest.Eventually(t, 20*time.Second, "the relay drained the outbox", func() bool { return e.backlog(t) == 0 })
 
 	t.Run("a drained outbox exits 0 and shows stream, leader and dead letters", func(t *testing.T) {
 		out, err := run()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 // runStreamsRelay runs a relay over the given streams until the returned
@@ -38,7 +39,7 @@ func (e *cliEnv) runStreamsRelay(t *testing.T, streams []relay.Stream) (stop fun
 		}
 	}
 	t.Cleanup(stop)
-	cliEventually(t, "the relay leads its streams", func() bool { return len(r.Leading()) == len(streams) })
+	schematest.Eventually(t, 20*time.Second, "the relay leads its streams", func() bool { return len(r.Leading()) == len(streams) })
 	return stop
 }
 
@@ -59,7 +60,7 @@ func TestStreamsAbandonedAfterPartitionsChange(t *testing.T) {
 		e.append(t, "items", "a"+strconv.Itoa(i), `{}`)
 	}
 	stop := e.runRelay(t) // one stream, "default"
-	cliEventually(t, "the first events are delivered", func() bool { return e.backlog(t) == 0 })
+	schematest.Eventually(t, 20*time.Second, "the first events are delivered", func() bool { return e.backlog(t) == 0 })
 	stop()
 
 	// The operator moves to two partitions: "default" is left behind.
@@ -72,7 +73,7 @@ func TestStreamsAbandonedAfterPartitionsChange(t *testing.T) {
 		e.append(t, "items", "b"+strconv.Itoa(i), `{}`)
 	}
 	// New streams start from the oldest retained event: 10 + 20.
-	cliEventually(t, "the partitions deliver every event", func() bool {
+	schematest.Eventually(t, 20*time.Second, "the partitions deliver every event", func() bool {
 		var acked int64
 		_ = e.pool.QueryRow(ctx, `SELECT coalesce(sum(acked_events), 0) FROM "`+e.schema+`".progress WHERE stream <> 'default'`).Scan(&acked)
 		return acked == 30

@@ -3,8 +3,8 @@
 -- the read alias of "x" into x's documents. Elasticsearch's lowercase rule
 -- is Unicode-aware, so "Ünicode" is refused too.
 --
--- The Go copy of these rules is relay.ValidateIndexName
--- (relay/indexname.go); TestIndexNameRulesAgree checks that both agree.
+-- The Go copy of these rules is outbox.ValidateIndexName
+-- (outbox/indexname.go); TestIndexNameRulesAgree checks that both agree.
 
 -- Elasticsearch compares a name with its Locale.ROOT lowercase; ICU's root
 -- locale is that mapping. Without ICU, the database's ctype decides (under
@@ -19,7 +19,7 @@ $do$;
 
 -- reserved_suffix returns the suffix of name that outboxd reserves for the
 -- names it derives from an index name N (N-read, N-write, N-000001...), or
--- NULL. The Go list is relay.reservedSuffixes.
+-- NULL. The Go list is outbox.reservedSuffixes.
 CREATE FUNCTION {{schema}}.reserved_suffix(name text) RETURNS text
 IMMUTABLE PARALLEL SAFE LANGUAGE sql AS $$
     SELECT substring(name FROM '-(?:read|write|[0-9]{6})$')

@@ -111,3 +111,16 @@ func Setup(t testing.TB) (*pgxpool.Pool, string) {
 	})
 	return pool, name
 }
+
+// Eventually polls cond until it holds, failing the test with what after
+// timeout: the one wait helper of the suite.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting until %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

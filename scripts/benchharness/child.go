@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -38,20 +39,20 @@ type countingSink struct {
 	n      atomic.Int64
 	expect int64
 	done   chan struct{}
-	ok     []relay.Outcome
+	ok     []outbox.Outcome
 }
 
 func newCountingSink(expect int64) *countingSink {
 	return &countingSink{expect: expect, done: make(chan struct{})}
 }
 
-func (s *countingSink) Write(_ context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *countingSink) Write(_ context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	// One shared, read-only slice of Applied: a sink that allocates
 	// nothing, so the measurement is the relay's alone.
 	if len(s.ok) < len(events) {
-		s.ok = make([]relay.Outcome, len(events))
+		s.ok = make([]outbox.Outcome, len(events))
 		for i := range s.ok {
-			s.ok[i] = relay.Outcome{Status: relay.Applied}
+			s.ok[i] = outbox.Outcome{Status: outbox.Applied}
 		}
 	}
 	if n := s.n.Add(int64(len(events))); n >= s.expect && n-int64(len(events)) < s.expect {

@@ -10,17 +10,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
 
 const queueColumns = `id, xid, index_name, source_id, version, op, document, coalesce(event_type, ''), headers, occurred_at, created_at`
 
-func scanEvent(row pgx.Row) (relay.Event, error) {
-	var e relay.Event
+func scanEvent(row pgx.Row) (outbox.Event, error) {
+	var e outbox.Event
 	var op string
 	err := row.Scan(&e.ID, &e.XID, &e.IndexName, &e.SourceID, &e.Version, &op, &e.Document, &e.EventType, &e.Headers, &e.OccurredAt, &e.CreatedAt)
-	e.Op = relay.Op(op)
+	e.Op = outbox.Op(op)
 	return e, err
 }
 
@@ -114,7 +114,7 @@ func naiveDrain(ctx context.Context, pool *pgxpool.Pool, schemaName string, n in
 			_ = tx.Rollback(ctx)
 			return 0, 0, fmt.Errorf("naive claim: %w", err)
 		}
-		if _, err := sink.Write(ctx, []relay.Event{e}); err != nil {
+		if _, err := sink.Write(ctx, []outbox.Event{e}); err != nil {
 			return 0, 0, err
 		}
 		if _, err := tx.Exec(ctx, del, e.ID); err != nil {
@@ -144,7 +144,7 @@ func peerDrain(ctx context.Context, pool *pgxpool.Pool, schemaName string, n, ba
 	}
 	defer conn.Release()
 	sink := newCountingSink(int64(n))
-	events := make([]relay.Event, 0, batch)
+	events := make([]outbox.Event, 0, batch)
 	start := time.Now()
 	for {
 		tx, err := conn.Begin(ctx)

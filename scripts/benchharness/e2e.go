@@ -20,6 +20,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -151,7 +152,7 @@ type appliedCounter struct {
 	done   chan struct{}
 }
 
-func (c *appliedCounter) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (c *appliedCounter) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	out, err := c.inner.Write(ctx, events)
 	if err != nil {
 		return out, err
@@ -159,12 +160,12 @@ func (c *appliedCounter) Write(ctx context.Context, events []relay.Event) ([]rel
 	var k int64
 	for _, o := range out {
 		switch o.Status {
-		case relay.Applied:
+		case outbox.Applied:
 			k++
-		case relay.Stale:
+		case outbox.Stale:
 			c.stale.Add(1)
 			k++
-		case relay.Rejected:
+		case outbox.Rejected:
 			k++
 		}
 	}
@@ -276,26 +277,26 @@ func rawBulk(ctx context.Context, es *elasticsearch.Client, index string, body [
 // naiveSink indexes one event per request, versioned like the real sink.
 type naiveSink struct{ es *elasticsearch.Client }
 
-func (s *naiveSink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
-	out := make([]relay.Outcome, len(events))
+func (s *naiveSink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
+	out := make([]outbox.Outcome, len(events))
 	yes := true
 	for i, e := range events {
 		v := int(e.Version)
 		res, err := esapi.IndexRequest{Index: e.IndexName, DocumentID: e.SourceID, Body: bytes.NewReader(e.Document),
 			Version: &v, VersionType: "external_gte", RequireAlias: &yes}.Do(ctx, s.es)
 		if err != nil {
-			out[i] = relay.Outcome{Status: relay.Retry, Reason: err.Error()}
+			out[i] = outbox.Outcome{Status: outbox.Retry, Reason: err.Error()}
 			continue
 		}
 		_, _ = io.Copy(io.Discard, res.Body)
 		res.Body.Close()
 		switch {
 		case res.StatusCode == 200 || res.StatusCode == 201:
-			out[i] = relay.Outcome{Status: relay.Applied}
+			out[i] = outbox.Outcome{Status: outbox.Applied}
 		case res.StatusCode == 409:
-			out[i] = relay.Outcome{Status: relay.Stale}
+			out[i] = outbox.Outcome{Status: outbox.Stale}
 		default:
-			out[i] = relay.Outcome{Status: relay.Retry, Reason: res.Status()}
+			out[i] = outbox.Outcome{Status: outbox.Retry, Reason: res.Status()}
 		}
 	}
 	return out, nil

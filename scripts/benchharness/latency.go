@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -20,10 +21,10 @@ import (
 type recordingSink struct {
 	recv []atomic.Int64 // unix nanos, by event id
 	n    atomic.Int64
-	ok   []relay.Outcome
+	ok   []outbox.Outcome
 }
 
-func (s *recordingSink) Write(_ context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *recordingSink) Write(_ context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	now := time.Now().UnixNano()
 	for _, e := range events {
 		if e.ID >= 0 && e.ID < int64(len(s.recv)) && s.recv[e.ID].CompareAndSwap(0, now) {
@@ -31,9 +32,9 @@ func (s *recordingSink) Write(_ context.Context, events []relay.Event) ([]relay.
 		}
 	}
 	if len(s.ok) < len(events) {
-		s.ok = make([]relay.Outcome, len(events))
+		s.ok = make([]outbox.Outcome, len(events))
 		for i := range s.ok {
-			s.ok[i] = relay.Outcome{Status: relay.Applied}
+			s.ok[i] = outbox.Outcome{Status: outbox.Applied}
 		}
 	}
 	return s.ok[:len(events)], nil
@@ -83,7 +84,7 @@ func (b *bench) latencyPhase(ctx context.Context, longTx bool) (latResult, error
 	if err != nil {
 		return latResult{}, err
 	}
-	ob, err := relay.NewOutbox(s)
+	ob, err := outbox.NewOutbox(s)
 	if err != nil {
 		return latResult{}, err
 	}
@@ -111,7 +112,7 @@ func (b *bench) latencyPhase(ctx context.Context, longTx bool) (latResult, error
 		var id int64
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 			var err error
-			id, err = ob.Append(ctx, tx, relay.Event{IndexName: "bench", SourceID: sourceID(g), Version: 1, Op: relay.OpUpsert, Document: rawDoc(g)})
+			id, err = ob.Append(ctx, tx, outbox.Event{IndexName: "bench", SourceID: sourceID(g), Version: 1, Op: outbox.OpUpsert, Document: rawDoc(g)})
 			return err
 		})
 		return id, err

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
 
@@ -144,7 +144,7 @@ func (b *bench) idleWAL(ctx context.Context, d time.Duration) (float64, error) {
 // appendSingles commits n events, one Append per transaction, from 4
 // connections.
 func appendSingles(ctx context.Context, b *bench, schemaName string, from int64, n int) error {
-	ob, err := relay.NewOutbox(schemaName)
+	ob, err := outbox.NewOutbox(schemaName)
 	if err != nil {
 		return err
 	}
@@ -160,7 +160,7 @@ func appendSingles(ctx context.Context, b *bench, schemaName string, from int64,
 					return
 				}
 				err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-					_, err := ob.Append(ctx, tx, relay.Event{IndexName: "bench", SourceID: sourceID(g), Version: 1, Op: relay.OpUpsert, Document: rawDoc(g)})
+					_, err := ob.Append(ctx, tx, outbox.Event{IndexName: "bench", SourceID: sourceID(g), Version: 1, Op: outbox.OpUpsert, Document: rawDoc(g)})
 					return err
 				})
 				if err != nil {

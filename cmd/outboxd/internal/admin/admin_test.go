@@ -18,6 +18,7 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestAdminMetrics(t *testing.T) {
@@ -35,7 +36,7 @@ func TestAdminMetrics(t *testing.T) {
 		e.append(t, docs("books", 0, 5, 1, "")...) // duplicates: stale
 		e.append(t, docs("films", 0, 7, 1, "")...)
 		e.append(t, docs("films", 100, 2, 1, `,"bad":true`)...)
-		eventually(t, 15*time.Second, "the relay handled every event", func() bool {
+		schematest.Eventually(t, 15*time.Second, "the relay handled every event", func() bool {
 			m := e.scrape(t)
 			return m.sum("outboxd_events_total", "index", "books", "outcome", "applied") == 20 &&
 				m.sum("outboxd_events_total", "index", "books", "outcome", "stale") == 5 &&
@@ -44,7 +45,7 @@ func TestAdminMetrics(t *testing.T) {
 		})
 	})
 	t.Run("the backlog, its age and parked dead letters are computed at scrape time", func(t *testing.T) {
-		eventually(t, 10*time.Second, "the backlog is empty", func() bool {
+		schematest.Eventually(t, 10*time.Second, "the backlog is empty", func() bool {
 			m := e.scrape(t)
 			return m.has("outboxd_backlog_events") && m.sum("outboxd_backlog_events") == 0 && m.sum("outboxd_dead_letters_parked", "index", "films") == 2
 		})
@@ -56,16 +57,16 @@ func TestAdminMetrics(t *testing.T) {
 		e.sink.hold()
 		e.append(t, docs("books", 500, 12, 1, "")...)
 		time.Sleep(1100 * time.Millisecond) // the stats cache's TTL, and some age
-		eventually(t, 10*time.Second, "the held events show as backlog", func() bool {
+		schematest.Eventually(t, 10*time.Second, "the held events show as backlog", func() bool {
 			return e.scrape(t).sum("outboxd_backlog_events", "stream", "default") == 12
 		})
 		// The stats are cached for a second: a scrape may serve a value
 		// computed just under a second after the commit.
-		eventually(t, 10*time.Second, "the oldest held event is at least 1s old", func() bool {
+		schematest.Eventually(t, 10*time.Second, "the oldest held event is at least 1s old", func() bool {
 			return e.scrape(t).sum("outboxd_oldest_unacked_age_seconds", "stream", "default") >= 1
 		})
 		e.sink.release()
-		eventually(t, 10*time.Second, "the backlog drains", func() bool { return e.scrape(t).sum("outboxd_backlog_events") == 0 })
+		schematest.Eventually(t, 10*time.Second, "the backlog drains", func() bool { return e.scrape(t).sum("outboxd_backlog_events") == 0 })
 	})
 	t.Run("the relay's leader gauge and the job metrics are served", func(t *testing.T) {
 		if err := e.jobs.RunNow(context.Background(), "retention"); err != nil {

@@ -130,14 +130,14 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 		time.Sleep(600 * time.Millisecond)
 	}
-	eventually(t, 60*time.Second, "the traffic drained", func() bool { return e.backlog(t) == 0 })
+	schematest.Eventually(t, 60*time.Second, "the traffic drained", func() bool { return e.backlog(t) == 0 })
 	time.Sleep(time.Second) // a few samples at zero
 
 	// Stop deliveries and leave a known backlog, so every figure is stable
 	// while the browser reads it.
 	e.sink.hold()
 	e.append(t, docs("tutorials", 50000, 25, 1, "")...)
-	eventually(t, 10*time.Second, "the held backlog shows", func() bool { return e.backlog(t) == 25 })
+	schematest.Eventually(t, 10*time.Second, "the held backlog shows", func() bool { return e.backlog(t) == 25 })
 	time.Sleep(1500 * time.Millisecond)
 
 	dom := headless(t, bin, e.base+"/", "--dump-dom")

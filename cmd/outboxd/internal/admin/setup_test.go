@@ -20,6 +20,7 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -34,7 +35,7 @@ type testSink struct {
 	held     chan struct{} // non-nil: Write waits until it is closed
 }
 
-func (s *testSink) Write(ctx context.Context, events []relay.Event) ([]relay.Outcome, error) {
+func (s *testSink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	s.mu.Lock()
 	held, delay := s.held, s.delay
 	s.mu.Unlock()
@@ -54,19 +55,19 @@ func (s *testSink) Write(ctx context.Context, events []relay.Event) ([]relay.Out
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	outs := make([]relay.Outcome, len(events))
+	outs := make([]outbox.Outcome, len(events))
 	for i, e := range events {
 		var doc struct{ Bad bool }
 		_ = json.Unmarshal(e.Document, &doc)
 		key := e.IndexName + "/" + e.SourceID
 		switch {
 		case doc.Bad:
-			outs[i] = relay.Outcome{Status: relay.Rejected, Reason: "mapper_parsing_exception: failed to parse field [price] of type [long]"}
+			outs[i] = outbox.Outcome{Status: outbox.Rejected, Reason: "mapper_parsing_exception: failed to parse field [price] of type [long]"}
 		case e.Version <= s.versions[key]:
-			outs[i] = relay.Outcome{Status: relay.Stale}
+			outs[i] = outbox.Outcome{Status: outbox.Stale}
 		default:
 			s.versions[key] = e.Version
-			outs[i] = relay.Outcome{Status: relay.Applied}
+			outs[i] = outbox.Outcome{Status: outbox.Applied}
 		}
 	}
 	return outs, nil
@@ -90,7 +91,7 @@ func (s *testSink) release() {
 type testEnv struct {
 	pool   *pgxpool.Pool
 	schema string
-	outbox *relay.Outbox
+	outbox *outbox.Outbox
 	reg    *prometheus.Registry
 	sink   *testSink
 	relay  *relay.Relay
@@ -103,7 +104,7 @@ type testEnv struct {
 func setup(t *testing.T) *testEnv {
 	t.Helper()
 	pool, name := schematest.Setup(t)
-	ob, err := relay.NewOutbox(name)
+	ob, err := outbox.NewOutbox(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func (e *testEnv) startRelay(t *testing.T) {
 	e.relay = r
 	t.Cleanup(e.sink.release) // registered before goRun's, so it runs after the relay's cancel
 	goRun(t, "relay", r.Run)
-	eventually(t, 15*time.Second, "the relay leads its stream", func() bool { return len(r.Leading()) == 1 })
+	schematest.Eventually(t, 15*time.Second, "the relay leads its stream", func() bool { return len(r.Leading()) == 1 })
 }
 
 // startAdmin runs the admin server with cfg completed from e.
@@ -188,8 +189,8 @@ func (e *testEnv) append(t *testing.T, evs ...event) {
 	t.Helper()
 	ctx := context.Background()
 	for _, ev := range evs {
-		if _, err := e.outbox.Append(ctx, e.pool, relay.Event{IndexName: ev.index, SourceID: ev.source, Version: ev.version,
-			Op: relay.OpUpsert, Document: json.RawMessage(ev.doc)}); err != nil {
+		if _, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: ev.index, SourceID: ev.source, Version: ev.version,
+			Op: outbox.OpUpsert, Document: json.RawMessage(ev.doc)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -211,17 +212,6 @@ func (e *testEnv) backlog(t *testing.T) int64 {
 		n += s.Backlog
 	}
 	return n
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // get fetches path from the admin server with optional headers.

@@ -1,0 +1,407 @@
+package repair
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/schema"
+)
+
+// BackfillOptions says what Backfill reads and where it writes.
+type BackfillOptions struct {
+	Pool   *pgxpool.Pool
+	Schema string // the outbox schema, which holds the backfills table
+	// Sink is where the rows go, as events: an *indexer.Sink, or anything
+	// with its Write.
+	Sink interface {
+		Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error)
+	}
+	// Index is the index name N the rows are written to, as events of N.
+	Index string
+	// SourceSQL returns id (text), version (bigint >= 1) and document (a
+	// JSON object), and optionally a fourth boolean column: true writes a
+	// delete (a tombstone at that version) instead of the document. It runs
+	// in a read-only transaction and is ordered by id by Backfill itself.
+	SourceSQL string
+	// Restart starts over even when an interrupted backfill of Index could
+	// be continued.
+	Restart       bool
+	Batch         int           // rows per FETCH and per Sink.Write; default 4000
+	InFlight      int           // batches at the sink at once; default 2
+	MaxAttempts   int           // tries of an event answered Retry; default 10
+	SourceTimeout time.Duration // statement timeout of each FETCH; default 10m
+	OutageTimeout time.Duration // how long a whole-sink outage is waited out; default 5m
+	Progress      *Progress
+	Logger        *slog.Logger // nil discards
+}
+
+// BackfillReport is what Backfill did.
+type BackfillReport struct {
+	Index    string           `json:"index"`
+	From     string           `json:"resumed_after,omitempty"`
+	Rows     int64            `json:"rows"`
+	Applied  int64            `json:"applied"`
+	Stale    int64            `json:"stale"`
+	Rejected int64            `json:"rejected"`
+	Samples  []BackfillReject `json:"rejected_samples,omitempty"`
+	Seconds  float64          `json:"seconds"`
+}
+
+// BackfillReject is one row Elasticsearch refused, or that failed past its
+// attempts.
+type BackfillReject struct {
+	ID     string `json:"id"`
+	Reason string `json:"reason"`
+}
+
+// Backfill streams the rows of SourceSQL straight to the sink as versioned
+// upserts, without appending outbox events, while the relay may be
+// delivering live events of the same index: the version gate decides, so a
+// row older than a live event is stale and a row deleted after it was read
+// stays deleted (its delete carries a higher version). Rows are read in
+// id order through a server-side cursor, InFlight batches are at the sink
+// at once, and after each batch that the sink answered, in order, the
+// last id is stored: a backfill killed at any point continues from there
+// (rows after it are sent again, which the gate makes harmless).
+func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	st, err := openBackfillState(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	rep := &BackfillReport{Index: o.Index, From: st.after}
+	if st.after != "" {
+		o.Logger.Info("backfill resumed", "index", o.Index, "after", st.after)
+	}
+
+	conn, err := o.Pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: %w", err)
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := declareBackfillCursor(ctx, tx, o, st.after); err != nil {
+		return nil, err
+	}
+	if o.Progress != nil {
+		o.Progress.SetTotal(estimateRows(ctx, tx, o.SourceSQL))
+	}
+
+	// The reader fills batches while InFlight earlier ones are at the sink;
+	// results are taken in reading order, so the stored key only ever
+	// covers rows the sink answered for.
+	type pending struct {
+		last string
+		rows int
+		done chan batchResult
+	}
+	queue := make(chan pending, o.InFlight)
+	readErr := make(chan error, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	reading := make(chan struct{})
+	// Before the deferred rollback: the reader must be off the connection.
+	defer func() { cancel(); <-reading }()
+	go func() {
+		defer close(reading)
+		defer close(queue)
+		for {
+			events, err := fetchBackfill(rctx, tx, o)
+			if err != nil || len(events) == 0 {
+				readErr <- err
+				return
+			}
+			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
+			go func() { p.done <- sendBackfill(rctx, o, events) }()
+			select {
+			case queue <- p:
+			case <-rctx.Done():
+				readErr <- rctx.Err()
+				return
+			}
+		}
+	}()
+	for p := range queue {
+		r := <-p.done
+		if r.err != nil {
+			cancel()
+			return rep, r.err
+		}
+		if err := st.store(ctx, p.last, int64(p.rows), r); err != nil {
+			cancel()
+			return rep, err
+		}
+		rep.Rows += int64(p.rows)
+		rep.Applied += r.applied
+		rep.Stale += r.stale
+		rep.Rejected += int64(len(r.rejected))
+		for _, rj := range r.rejected {
+			if len(rep.Samples) < 20 {
+				rep.Samples = append(rep.Samples, rj)
+			}
+		}
+		o.Progress.Add(int64(p.rows))
+	}
+	if err := <-readErr; err != nil {
+		return rep, err
+	}
+	if err := st.finish(ctx); err != nil {
+		return rep, err
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	o.Logger.Info("backfill finished", "index", o.Index, "rows", rep.Rows, "applied", rep.Applied, "stale", rep.Stale, "rejected", rep.Rejected)
+	return rep, nil
+}
+
+func (o *BackfillOptions) defaults() error {
+	switch {
+	case o.Pool == nil:
+		return errors.New("indexer: backfill: pool: no PostgreSQL pool")
+	case o.Sink == nil:
+		return errors.New("indexer: backfill: sink: no sink")
+	case strings.TrimSpace(o.SourceSQL) == "":
+		return errors.New("indexer: backfill: source_sql: must not be empty")
+	}
+	if err := indexer.CheckName(o.Index); err != nil {
+		return err
+	}
+	if o.Batch <= 0 {
+		o.Batch = 4000
+	}
+	if o.InFlight <= 0 {
+		o.InFlight = 2
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 10
+	}
+	if o.SourceTimeout <= 0 {
+		o.SourceTimeout = 10 * time.Minute
+	}
+	if o.OutageTimeout <= 0 {
+		o.OutageTimeout = 5 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// declareBackfillCursor opens the cursor over SourceSQL after key after.
+// The key travels as a setting, not spliced into the SQL: DECLARE takes no
+// bind parameters.
+func declareBackfillCursor(ctx context.Context, tx pgx.Tx, o BackfillOptions, after string) error {
+	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('outboxd.backfill_after', $2, true)`,
+		fmt.Sprint(o.SourceTimeout.Milliseconds()), after); err != nil {
+		return fmt.Errorf("indexer: backfill: %w", err)
+	}
+	q := `DECLARE outboxd_backfill NO SCROLL CURSOR FOR
+SELECT * FROM (` + o.SourceSQL + `
+) AS src(id, version, document)
+WHERE current_setting('outboxd.backfill_after') = '' OR src.id::text COLLATE "C" > current_setting('outboxd.backfill_after')
+ORDER BY src.id::text COLLATE "C"`
+	if _, err := tx.Exec(ctx, q); err != nil {
+		return fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	return nil
+}
+
+// estimateRows is the planner's estimate of the query's rows, for the
+// progress bar's ETA: counting them would read the table twice.
+func estimateRows(ctx context.Context, tx pgx.Tx, sql string) int64 {
+	var plan []struct {
+		Plan struct {
+			Rows float64 `json:"Plan Rows"`
+		} `json:"Plan"`
+	}
+	if err := tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql).Scan(&plan); err != nil || len(plan) == 0 {
+		return 0
+	}
+	return int64(plan[0].Plan.Rows)
+}
+
+// fetchBackfill reads the next batch of rows as events.
+func fetchBackfill(ctx context.Context, tx pgx.Tx, o BackfillOptions) ([]outbox.Event, error) {
+	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", o.Batch))
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	defer rows.Close()
+	events := make([]outbox.Event, 0, o.Batch)
+	for rows.Next() {
+		cols := len(rows.FieldDescriptions())
+		if cols != 3 && cols != 4 {
+			return nil, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", cols)
+		}
+		var (
+			e       outbox.Event
+			doc     []byte
+			deleted bool
+		)
+		dest := []any{&e.SourceID, &e.Version, &doc}
+		if cols == 4 {
+			dest = append(dest, &deleted)
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", lastID(events), err)
+		}
+		e.IndexName, e.Op = o.Index, outbox.OpUpsert
+		if deleted {
+			e.Op = outbox.OpDelete
+		} else {
+			e.Document = doc
+		}
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	return events, nil
+}
+
+func lastID(events []outbox.Event) string {
+	if len(events) == 0 {
+		return ""
+	}
+	return events[len(events)-1].SourceID
+}
+
+type batchResult struct {
+	applied, stale int64
+	rejected       []BackfillReject
+	err            error
+}
+
+// sendBackfill writes one batch, retrying transient failures: whole-sink
+// outages up to OutageTimeout, each event answered Retry up to
+// MaxAttempts, after which it is reported with the rejected rows. Rows
+// with a bad id, version or document are rejected by the sink with the
+// reason, like events.
+func sendBackfill(ctx context.Context, o BackfillOptions, events []outbox.Event) batchResult {
+	var r batchResult
+	outageSince := time.Time{}
+	for attempt, delay := 1, 100*time.Millisecond; len(events) > 0; attempt++ {
+		out, err := o.Sink.Write(ctx, events)
+		var again []outbox.Event
+		if err == nil {
+			for i, oc := range out {
+				switch {
+				case oc.Status == outbox.Applied:
+					r.applied++
+				case oc.Status == outbox.Stale:
+					r.stale++
+				case oc.Status == outbox.Rejected || (!oc.Outage && attempt >= o.MaxAttempts):
+					r.rejected = append(r.rejected, BackfillReject{events[i].SourceID, oc.Reason})
+				default:
+					again = append(again, events[i])
+				}
+			}
+			outageSince = time.Time{}
+		} else {
+			again = events
+			if outageSince.IsZero() {
+				outageSince = time.Now()
+			}
+			if time.Since(outageSince) > o.OutageTimeout {
+				r.err = fmt.Errorf("indexer: backfill: the sink has been unavailable for %s: %w", o.OutageTimeout, err)
+				return r
+			}
+			o.Logger.Warn("backfill: sink unavailable, retrying", "error", err.Error())
+		}
+		events = again
+		if len(events) == 0 {
+			break
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			r.err = ctx.Err()
+			return r
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+	return r
+}
+
+// backfillState is the row of the backfills table for one index.
+type backfillState struct {
+	pool  *pgxpool.Pool
+	table string
+	index string
+	after string
+}
+
+func openBackfillState(ctx context.Context, o BackfillOptions) (*backfillState, error) {
+	id, err := schema.Ident(o.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: schema: %w", err)
+	}
+	sum := sha256.Sum256([]byte(o.SourceSQL))
+	hash := hex.EncodeToString(sum[:])
+	st := &backfillState{pool: o.Pool, table: id + ".backfills", index: o.Index}
+	var (
+		have     string
+		last     *string
+		finished bool
+	)
+	err = o.Pool.QueryRow(ctx, `SELECT source_hash, last_key, finished_at IS NOT NULL FROM `+st.table+` WHERE index_name = $1`, o.Index).Scan(&have, &last, &finished)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, fmt.Errorf("indexer: backfill: reading progress: %w", err)
+	case !finished && !o.Restart && have != hash:
+		return nil, fmt.Errorf("indexer: backfill: index %s: an unfinished backfill with another source_sql stopped after id %q; pass the same SQL to continue it, or restart to start over", o.Index, deref(last))
+	case !finished && !o.Restart && last != nil:
+		st.after = *last
+	}
+	if st.after != "" {
+		return st, nil
+	}
+	_, err = o.Pool.Exec(ctx, `INSERT INTO `+st.table+` (index_name, source_hash) VALUES ($1, $2)
+ON CONFLICT (index_name) DO UPDATE SET source_hash = EXCLUDED.source_hash, last_key = NULL, rows_read = 0, applied = 0, stale = 0, rejected = 0,
+	started_at = now(), updated_at = now(), finished_at = NULL`, o.Index, hash)
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: storing progress: %w", err)
+	}
+	return st, nil
+}
+
+func (s *backfillState) store(ctx context.Context, last string, rows int64, r batchResult) error {
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_key = $2, rows_read = rows_read + $3, applied = applied + $4,
+	stale = stale + $5, rejected = rejected + $6, updated_at = now() WHERE index_name = $1`,
+		s.index, last, rows, r.applied, r.stale, len(r.rejected))
+	if err != nil {
+		return fmt.Errorf("indexer: backfill: storing progress: %w", err)
+	}
+	return nil
+}
+
+func (s *backfillState) finish(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET finished_at = now(), updated_at = now() WHERE index_name = $1`, s.index); err != nil {
+		return fmt.Errorf("indexer: backfill: storing progress: %w", err)
+	}
+	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

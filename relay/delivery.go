@@ -1,0 +1,390 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// errShutdown means a page was abandoned because shutdown's grace period
+// ran out; its events are not acknowledged and will be delivered again.
+var errShutdown = errors.New("relay: shutdown before the page was handled")
+
+// streamWriter hands pages to the sink in reading order and persists the
+// position after each, so progress only ever covers events with a
+// terminal outcome.
+type streamWriter struct {
+	r      *Relay
+	member *pgx.Conn
+	conn   *pgx.Conn
+	stream Stream
+
+	acked   position // last stored position
+	pending *position
+	stored  time.Time
+	// Handled but not yet stored: progress is coalesced so that a busy
+	// stream updates its row a few times a second, not once per page (every
+	// update leaves a row version that an open transaction anywhere in the
+	// cluster keeps from being cleaned up).
+	pendingAcked int
+	pendingDead  []deadLetter
+}
+
+func (w *streamWriter) run(ctx context.Context) error {
+	cfg := w.r.cfg
+	m := w.r.metrics
+	name := w.stream.Name
+
+	// Writes outlive ctx by ShutdownTimeout so that in-flight work can
+	// finish and be acknowledged after the first signal.
+	wctx, cancelWrites := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWrites()
+	stopGrace := context.AfterFunc(ctx, func() {
+		time.AfterFunc(cfg.ShutdownTimeout, cancelWrites)
+	})
+	defer stopGrace()
+
+	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: cfg.MaxBatchBytes, pos: w.acked}
+	readCtx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	pages := make(chan page, cfg.Prefetch)
+	go w.readLoop(readCtx, rd, pages)
+
+	balance := time.NewTicker(cfg.LeaseInterval)
+	defer balance.Stop()
+	flushTick := time.NewTicker(cfg.StoreInterval)
+	defer flushTick.Stop()
+
+	// Up to InFlight pages are at the sink at once (versions make their
+	// order irrelevant to the result); they are acknowledged strictly in
+	// reading order, so progress never passes a page still in flight.
+	var queue []*inflight
+	for {
+		var head chan struct{}
+		if len(queue) > 0 {
+			head = queue[0].done
+		}
+		var in <-chan page
+		if len(queue) < cfg.InFlight {
+			in = pages
+		}
+		m.pagesInFlight.WithLabelValues(name).Set(float64(len(queue)))
+		select {
+		case <-ctx.Done():
+			return w.drain(context.WithoutCancel(ctx), queue)
+		case <-flushTick.C:
+			if w.pendingAcked > 0 {
+				if err := w.flush(wctx); err != nil {
+					return err
+				}
+			}
+		case <-balance.C:
+			if w.r.yieldExtra(ctx, w.member, name) {
+				w.r.log.Info("relay: handing stream to another relay for balance", "stream", name)
+				return w.drain(context.WithoutCancel(ctx), queue)
+			}
+		case <-head:
+			f := queue[0]
+			queue = queue[1:]
+			if f.err != nil { // only errShutdown: the grace period ran out
+				return w.drain(context.WithoutCancel(ctx), nil)
+			}
+			if err := w.complete(wctx, f); err != nil {
+				return err
+			}
+		case p, ok := <-in:
+			if !ok {
+				return w.drain(context.WithoutCancel(ctx), queue)
+			}
+			if p.err != nil {
+				w.r.log.Error("relay: stopping the stream", "stream", name, "err", p.err)
+				return p.err
+			}
+			f := &inflight{p: p, done: make(chan struct{})}
+			if len(p.events) == 0 {
+				close(f.done)
+			} else {
+				go func() {
+					defer close(f.done)
+					f.dead, f.err = w.deliver(wctx, p.events)
+				}()
+			}
+			queue = append(queue, f)
+		}
+	}
+}
+
+// inflight is a page at the sink.
+type inflight struct {
+	p    page
+	done chan struct{}
+	dead []deadLetter
+	err  error
+}
+
+// drain waits for the pages still at the sink, acknowledges them in order
+// up to the first one shutdown cut short, and stores the position.
+func (w *streamWriter) drain(ctx context.Context, queue []*inflight) error {
+	for _, f := range queue {
+		<-f.done
+		if f.err != nil {
+			break
+		}
+		if err := w.complete(ctx, f); err != nil {
+			return err
+		}
+	}
+	return w.flush(ctx)
+}
+
+// complete records a handled page's position, storing it when due.
+func (w *streamWriter) complete(ctx context.Context, f *inflight) error {
+	w.pending = &f.p.pos
+	if len(f.p.events) == 0 {
+		// An empty batch moves the position without acknowledging any
+		// event; storing it can wait, re-reading nothing costs nothing.
+		if time.Since(w.stored) >= w.r.cfg.ProgressInterval {
+			return w.flush(ctx)
+		}
+		return nil
+	}
+	w.pendingAcked += len(f.p.events)
+	w.pendingDead = append(w.pendingDead, f.dead...)
+	if len(f.dead) > 0 || time.Since(w.stored) >= w.r.cfg.StoreInterval {
+		return w.flush(ctx)
+	}
+	return nil
+}
+
+func (w *streamWriter) flush(ctx context.Context) error {
+	if w.pending == nil {
+		return nil
+	}
+	if err := w.store(ctx, *w.pending, w.pendingAcked, w.pendingDead); err != nil {
+		return err
+	}
+	if w.pendingAcked > 0 {
+		w.r.metrics.lastCycle.WithLabelValues(w.stream.Name).SetToCurrentTime()
+	}
+	w.pendingAcked, w.pendingDead = 0, nil
+	return nil
+}
+
+func (w *streamWriter) store(ctx context.Context, pos position, acked int, dead []deadLetter) error {
+	if err := storeProgress(ctx, w.conn, w.r.schema, w.r.cfg.Schema, w.stream.Name, pos, acked, dead); err != nil {
+		w.r.metrics.progressErrs.WithLabelValues(w.stream.Name).Inc()
+		w.r.log.Error("relay: cannot persist progress; stopping the stream", "stream", w.stream.Name, "err", err)
+		return err
+	}
+	w.acked, w.pending, w.stored = pos, nil, time.Now()
+	w.r.metrics.ackedEvents.WithLabelValues(w.stream.Name).Add(float64(acked))
+	w.r.metrics.progressXID.WithLabelValues(w.stream.Name).Set(float64(pos.done.Xmax))
+	for _, d := range dead {
+		w.r.metrics.deadLetters.WithLabelValues(w.stream.Name, d.event.IndexName).Inc()
+		w.r.metrics.events.WithLabelValues(w.stream.Name, d.event.IndexName, "deadlettered").Inc()
+		w.r.log.Warn("relay: event dead-lettered", "stream", w.stream.Name, "event_id", d.event.ID,
+			"index", d.event.IndexName, "source_id", d.event.SourceID, "version", d.event.Version, "reason", d.reason)
+	}
+	return nil
+}
+
+// deliver gets a terminal outcome for every event: applied, stale, or
+// parked as a dead letter. Transient failures are retried with backoff up
+// to MaxAttempts per event; a sink that is down as a whole is retried
+// without limit (and loudly), so an outage never dead-letters the backlog.
+func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]deadLetter, error) {
+	cfg := w.r.cfg
+	m := w.r.metrics
+	name := w.stream.Name
+	pending := events
+	attempts := make(map[int64]int) // by event id, only for retried events
+	firsts := make(map[int64]time.Time)
+	var dead []deadLetter
+	sinkFailures, rounds := 0, 0
+	for len(pending) > 0 {
+		start := time.Now()
+		outs, err := cfg.Sink.Write(ctx, pending)
+		m.writeSeconds.WithLabelValues(name).Observe(time.Since(start).Seconds())
+		if err == nil && len(outs) != len(pending) {
+			err = fmt.Errorf("sink returned %d outcomes for %d events", len(outs), len(pending))
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, errShutdown
+			}
+			m.sinkErrors.WithLabelValues(name).Inc()
+			d := backoff(cfg.BackoffBase, cfg.BackoffMax, sinkFailures)
+			sinkFailures++
+			w.r.log.Error("relay: sink unavailable; retrying the batch", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "err", err)
+			w.r.setPaused(name, err.Error())
+			if !sleep(ctx, d) {
+				return nil, errShutdown
+			}
+			continue
+		}
+		now := time.Now()
+		var next []outbox.Event
+		outage := "" // a reason when the sink reported an outage
+		// Counted per (index, outcome) and added once: label lookups per
+		// event were a measurable share of the relay's CPU.
+		counts := make(map[[2]string]int, 4)
+		lag := m.lagSeconds.WithLabelValues(name)
+		for i, o := range outs {
+			e := pending[i]
+			switch o.Status {
+			case outbox.Applied, outbox.Stale:
+				counts[[2]string{e.IndexName, o.Status.String()}]++
+				lag.Observe(now.Sub(e.CreatedAt).Seconds())
+			case outbox.Rejected:
+				counts[[2]string{e.IndexName, "rejected"}]++
+				dead = append(dead, deadLetter{event: e, reason: o.Reason, attempts: attempts[e.ID] + 1, first: firstOr(firsts, e.ID, now), last: now})
+			default: // Retry, or a sink that forgot to say
+				reason := o.Reason
+				if o.Status != outbox.Retry {
+					reason = fmt.Sprintf("sink returned no valid outcome (%d): %s", o.Status, o.Reason)
+				}
+				counts[[2]string{e.IndexName, "retried"}]++
+				if o.Status == outbox.Retry && o.Outage {
+					outage = reason
+					next = append(next, e)
+					continue
+				}
+				attempts[e.ID]++
+				if _, ok := firsts[e.ID]; !ok {
+					firsts[e.ID] = now
+				}
+				if attempts[e.ID] >= cfg.MaxAttempts {
+					dead = append(dead, deadLetter{event: e, reason: fmt.Sprintf("gave up after %d attempts: %s", attempts[e.ID], reason),
+						attempts: attempts[e.ID], first: firsts[e.ID], last: now})
+					continue
+				}
+				next = append(next, e)
+			}
+		}
+		for k, n := range counts {
+			m.events.WithLabelValues(name, k[0], k[1]).Add(float64(n))
+		}
+		pending = next
+		if outage != "" {
+			m.sinkErrors.WithLabelValues(name).Inc()
+			d := backoff(cfg.BackoffBase, cfg.BackoffMax, sinkFailures)
+			sinkFailures++
+			w.r.log.Error("relay: sink outage; retrying without charging the events", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "reason", outage)
+			w.r.setPaused(name, outage)
+			if !sleep(ctx, d) {
+				return nil, errShutdown
+			}
+			continue
+		}
+		if sinkFailures > 0 {
+			w.r.setPaused(name, "")
+		}
+		sinkFailures = 0
+		if len(pending) > 0 {
+			d := backoff(cfg.BackoffBase, cfg.BackoffMax, rounds)
+			rounds++
+			if !sleep(ctx, d) {
+				return nil, errShutdown
+			}
+		}
+	}
+	return dead, nil
+}
+
+func firstOr(m map[int64]time.Time, id int64, def time.Time) time.Time {
+	if t, ok := m[id]; ok {
+		return t
+	}
+	return def
+}
+
+// readLoop reads pages ahead of the writer. It polls tightly while events
+// keep coming and backs off to MaxPollInterval when idle; read errors are
+// retried with backoff (the writer simply waits).
+func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page) {
+	defer close(out)
+	cfg := w.r.cfg
+	wake := w.r.waker.subscribe()
+	defer w.r.waker.unsubscribe(wake)
+	var wait time.Duration
+	failures := 0
+	last := rd.pos
+	for {
+		p, err := rd.next(ctx)
+		var fatal *PositionError
+		if errors.As(err, &fatal) {
+			select {
+			case out <- page{err: err}:
+			case <-ctx.Done():
+			}
+			return
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.r.metrics.readErrors.WithLabelValues(w.stream.Name).Inc()
+			d := backoff(cfg.BackoffBase, cfg.BackoffMax, failures)
+			failures++
+			w.r.log.Warn("relay: read failed; retrying", "stream", w.stream.Name, "retry_in", d, "err", err)
+			if !sleep(ctx, d) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		if len(p.events) == 0 {
+			if !p.pos.equal(last) {
+				last = p.pos
+				select {
+				case out <- p:
+				case <-ctx.Done():
+					return
+				}
+			}
+			wait = min(max(wait*2, cfg.MinPollInterval), cfg.MaxPollInterval)
+			if !sleepOrWake(ctx, wait, wake) {
+				return
+			}
+			continue
+		}
+		wait = 0
+		last = p.pos
+		select {
+		case out <- p:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// backoff is exponential with "equal jitter": half fixed, half random, so
+// retries spread out without collapsing to near zero.
+func backoff(base, limit time.Duration, n int) time.Duration {
+	d := base << min(n, 30)
+	if d <= 0 || d > limit {
+		d = limit
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d*3/4 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
