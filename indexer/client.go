@@ -30,7 +30,7 @@ type ClientConfig struct {
 	ClientCertPath         string        // PEM files of a client certificate and its key, for
 	ClientKeyPath          string        // clusters that require TLS client authentication
 	CertificateFingerprint string        // SHA-256 of a node certificate, pinned
-	Timeout                time.Duration // per request; 0 means 30s
+	Timeout                time.Duration // bounds each request as a whole, connecting included; 0 means 30s
 }
 
 // ClientConfigFromEnv reads ELASTICSEARCH_URL (comma-separated nodes),
