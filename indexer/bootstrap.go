@@ -352,20 +352,29 @@ func (s *Sink) ensure(ctx context.Context, name string) error {
 	s.mu.Lock()
 	e := s.boot[name]
 	if e == nil {
-		e = &bootEntry{}
+		e = &bootEntry{lock: make(chan struct{}, 1)}
 		s.boot[name] = e
 	}
 	s.mu.Unlock()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.ok {
+	if e.ok.Load() {
+		return nil
+	}
+	// Another Write may be bootstrapping name against a node that does not
+	// answer; this one must still return by its own deadline.
+	select {
+	case e.lock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("indexer: bootstrap %s: waiting for another write's bootstrap: %w", name, ctx.Err())
+	}
+	defer func() { <-e.lock }()
+	if e.ok.Load() {
 		return nil
 	}
 	if err := Bootstrap(ctx, s.es, name, s.spec); err != nil {
 		s.logger.Warn("indexer: bootstrap failed", slog.String("index", name), slog.String("error", err.Error()))
 		return err
 	}
-	e.ok = true
+	e.ok.Store(true)
 	return nil
 }
 
@@ -373,14 +382,11 @@ func (s *Sink) ensure(ctx context.Context, name string) error {
 // missing).
 func (s *Sink) forget(name string) {
 	s.mu.Lock()
-	if e := s.boot[name]; e != nil {
-		s.mu.Unlock()
-		e.mu.Lock()
-		e.ok = false
-		e.mu.Unlock()
-		return
-	}
+	e := s.boot[name]
 	s.mu.Unlock()
+	if e != nil {
+		e.ok.Store(false)
+	}
 }
 
 // ErrNoIndex is returned by MigrateLayout for a name with nothing behind it.

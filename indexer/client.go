@@ -1,7 +1,16 @@
 package indexer
 
 import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -17,14 +26,17 @@ type ClientConfig struct {
 	Username               string
 	Password               string
 	APIKey                 string
-	CACertPath             string
-	CertificateFingerprint string
-	Timeout                time.Duration // per request; 0 means 30s
+	CACertPath             string        // PEM file of the CA that signed the nodes' certificates
+	ClientCertPath         string        // PEM files of a client certificate and its key, for
+	ClientKeyPath          string        // clusters that require TLS client authentication
+	CertificateFingerprint string        // SHA-256 of a node certificate, pinned
+	Timeout                time.Duration // bounds each request as a whole, connecting included; 0 means 30s
 }
 
 // ClientConfigFromEnv reads ELASTICSEARCH_URL (comma-separated nodes),
 // ELASTICSEARCH_USERNAME, ELASTICSEARCH_PASSWORD, ELASTICSEARCH_API_KEY,
-// ELASTICSEARCH_CA_CERT (a file), ELASTICSEARCH_CERT_FINGERPRINT and
+// ELASTICSEARCH_CA_CERT (a file), ELASTICSEARCH_CLIENT_CERT and
+// ELASTICSEARCH_CLIENT_KEY (files), ELASTICSEARCH_CERT_FINGERPRINT and
 // ELASTICSEARCH_TIMEOUT (a Go duration).
 func ClientConfigFromEnv() (ClientConfig, error) {
 	c := ClientConfig{
@@ -32,6 +44,8 @@ func ClientConfigFromEnv() (ClientConfig, error) {
 		Password:               os.Getenv("ELASTICSEARCH_PASSWORD"),
 		APIKey:                 os.Getenv("ELASTICSEARCH_API_KEY"),
 		CACertPath:             os.Getenv("ELASTICSEARCH_CA_CERT"),
+		ClientCertPath:         os.Getenv("ELASTICSEARCH_CLIENT_CERT"),
+		ClientKeyPath:          os.Getenv("ELASTICSEARCH_CLIENT_KEY"),
 		CertificateFingerprint: os.Getenv("ELASTICSEARCH_CERT_FINGERPRINT"),
 	}
 	if u := os.Getenv("ELASTICSEARCH_URL"); u != "" {
@@ -84,41 +98,131 @@ func redactURLs(addrs []string) []string {
 	return out
 }
 
-// NewClient builds a go-elasticsearch client. Transport retries are turned
-// off: the sink classifies and retries each item itself, with backoff.
+// NewClient builds a go-elasticsearch client over outboxd's own transport,
+// so every TLS and authentication setting (CA, client certificate,
+// fingerprint, basic auth, API key, a proxy from HTTPS_PROXY) shares the
+// same timeouts: left to go-elasticsearch, a CA certificate or fingerprint
+// replaces the transport, and its timeouts with it. Transport retries are
+// turned off: the sink classifies and retries each item itself, with
+// backoff.
 func NewClient(c ClientConfig) (*elasticsearch.Client, error) {
 	if len(c.Addresses) == 0 {
 		return nil, fmt.Errorf("indexer: addresses: no Elasticsearch URL (set ELASTICSEARCH_URL or --elasticsearch-url)")
 	}
 	timeout := c.Timeout
+	if timeout < 0 {
+		return nil, fmt.Errorf("indexer: timeout: must be positive, got %s", timeout)
+	}
 	if timeout == 0 {
 		timeout = 30 * time.Second
 	}
-	cfg := elasticsearch.Config{
-		Addresses:              c.Addresses,
-		Username:               c.Username,
-		Password:               c.Password,
-		APIKey:                 c.APIKey,
-		CertificateFingerprint: c.CertificateFingerprint,
-		DisableRetry:           true,
-		Transport: &http.Transport{
-			Proxy:                 http.ProxyFromEnvironment,
-			MaxIdleConnsPerHost:   32,
-			ResponseHeaderTimeout: timeout,
-			IdleConnTimeout:       90 * time.Second,
-		},
+	tlsCfg, err := c.tlsConfig()
+	if err != nil {
+		return nil, err
 	}
+	es, err := elasticsearch.NewClient(elasticsearch.Config{
+		Addresses:    c.Addresses,
+		Username:     c.Username,
+		Password:     c.Password,
+		APIKey:       c.APIKey,
+		DisableRetry: true,
+		Transport: deadlineTransport{timeout: timeout, next: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:       tlsCfg,
+			TLSHandshakeTimeout:   timeout,
+			ResponseHeaderTimeout: timeout,
+			ExpectContinueTimeout: time.Second,
+			MaxIdleConnsPerHost:   32,
+			IdleConnTimeout:       90 * time.Second,
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("indexer: %w", err)
+	}
+	return es, nil
+}
+
+// tlsConfig returns nil when no TLS setting is given (the system roots
+// then verify https nodes).
+func (c ClientConfig) tlsConfig() (*tls.Config, error) {
+	if c.CACertPath == "" && c.CertificateFingerprint == "" && c.ClientCertPath == "" && c.ClientKeyPath == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.CACertPath != "" {
 		pem, err := os.ReadFile(c.CACertPath)
 		if err != nil {
 			return nil, fmt.Errorf("indexer: ca_cert: %w", err)
 		}
-		cfg.CACert = pem
-		cfg.Transport = nil // the client builds a TLS transport around CACert
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("indexer: ca_cert: %s holds no PEM certificate", c.CACertPath)
+		}
 	}
-	es, err := elasticsearch.NewClient(cfg)
+	if (c.ClientCertPath == "") != (c.ClientKeyPath == "") {
+		return nil, errors.New("indexer: client_cert, client_key: set both (ELASTICSEARCH_CLIENT_CERT and ELASTICSEARCH_CLIENT_KEY) or neither")
+	}
+	if c.ClientCertPath != "" {
+		pair, err := tls.LoadX509KeyPair(c.ClientCertPath, c.ClientKeyPath)
+		if err != nil {
+			return nil, fmt.Errorf("indexer: client_cert, client_key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	if c.CertificateFingerprint != "" {
+		want, err := hex.DecodeString(strings.ReplaceAll(c.CertificateFingerprint, ":", ""))
+		if err != nil || len(want) != sha256.Size {
+			return nil, errors.New("indexer: cert_fingerprint: must be a certificate's SHA-256 as 64 hex digits (colons allowed)")
+		}
+		// The pinned certificate replaces chain verification, as
+		// Elasticsearch's own clients do with a fingerprint.
+		cfg.InsecureSkipVerify = true
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			for _, cert := range cs.PeerCertificates {
+				if sum := sha256.Sum256(cert.Raw); bytes.Equal(sum[:], want) {
+					return nil
+				}
+			}
+			return errors.New("indexer: cert_fingerprint: no certificate the node presented matches ELASTICSEARCH_CERT_FINGERPRINT")
+		}
+	}
+	return cfg, nil
+}
+
+// deadlineTransport bounds each request as a whole. The http.Transport
+// timeouts cover connecting, the TLS handshake and the wait for headers,
+// but not a proxy's CONNECT nor a body that stops halfway; the relay's
+// writes carry no deadline of their own, so without this a stalled node
+// would hold a stream forever.
+type deadlineTransport struct {
+	timeout time.Duration
+	next    http.RoundTripper
+}
+
+func (d deadlineTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx, cancel := context.WithTimeout(req.Context(), d.timeout)
+	res, err := d.next.RoundTrip(req.WithContext(ctx))
 	if err != nil {
-		return nil, fmt.Errorf("indexer: %w", err)
+		var ne net.Error
+		timedOut := req.Context().Err() == nil && (ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout())
+		cancel()
+		if timedOut {
+			return nil, fmt.Errorf("no answer within %s (ELASTICSEARCH_TIMEOUT, --elasticsearch-timeout): %w", d.timeout, err)
+		}
+		return nil, err
 	}
-	return es, nil
+	res.Body = &cancelOnClose{ReadCloser: res.Body, cancel: cancel}
+	return res, nil
+}
+
+type cancelOnClose struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b *cancelOnClose) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
 }

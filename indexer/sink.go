@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
@@ -48,8 +49,8 @@ type Sink struct {
 }
 
 type bootEntry struct {
-	mu sync.Mutex
-	ok bool
+	lock chan struct{} // one bootstrap at a time; a channel, so waiting for it honours ctx
+	ok   atomic.Bool
 }
 
 // NewSink checks o and returns a Sink. It does not contact Elasticsearch:

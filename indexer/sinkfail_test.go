@@ -42,17 +42,6 @@ func runRelay(t *testing.T, pool *pgxpool.Pool, schemaName string, sink relay.Si
 	return r
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func backlogOf(t *testing.T, pool *pgxpool.Pool, schemaName string) int64 {
 	t.Helper()
 	st, err := relay.CollectStats(context.Background(), pool, schemaName)
@@ -140,7 +129,7 @@ func TestSinkOneEventNeverStallsItsStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		runRelay(t, pool, schemaName, sink)
-		waitFor(t, 3*time.Minute, "every event has an outcome", func() bool { return backlogOf(t, pool, schemaName) == 0 })
+		schematest.Eventually(t, 3*time.Minute, "every event has an outcome", func() bool { return backlogOf(t, pool, schemaName) == 0 })
 		dead := deadLetters(t, pool, schemaName)
 		if len(dead) != 1 || dead[0].sourceID != "big" {
 			t.Fatalf("dead letters %+v, want only big", dead)
@@ -254,7 +243,7 @@ func TestSinkServerVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := runRelay(t, pool, schemaName, s)
-		waitFor(t, time.Minute, "the relay reports the stream paused", func() bool { return r.Paused()["default"] != "" })
+		schematest.Eventually(t, time.Minute, "the relay reports the stream paused", func() bool { return r.Paused()["default"] != "" })
 		reason := r.Paused()["default"]
 		if !strings.Contains(reason, "include_source_on_error") || !strings.Contains(reason, "configuration") {
 			t.Fatalf("paused reason %q does not name the parameter and the configuration", reason)
@@ -269,7 +258,7 @@ func TestSinkServerVersion(t *testing.T) {
 		// Once the server reports its true version the sink omits the parameter.
 		v := "8.17.0"
 		p.fakeVersion.Store(&v)
-		waitFor(t, time.Minute, "the backlog drains after the sink re-detects the version", func() bool { return backlogOf(t, pool, schemaName) == 0 })
+		schematest.Eventually(t, time.Minute, "the backlog drains after the sink re-detects the version", func() bool { return backlogOf(t, pool, schemaName) == 0 })
 		if got := r.Paused(); len(got) != 0 {
 			t.Fatalf("still paused: %v", got)
 		}

@@ -44,6 +44,7 @@ type relayFlags struct {
 	lease, shutdown         time.Duration
 	storeInterval           time.Duration
 	adminAddr, adminToken   string
+	adminHosts              listFlag
 	retention               time.Duration
 	retentionSchedule       string
 	tombstoneHorizon        time.Duration
@@ -89,6 +90,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&f.shutdown, "shutdown-timeout", 10*time.Second, "grace for in-flight writes after the first signal")
 	fs.StringVar(&f.adminAddr, "admin-addr", admin.DefaultAddr, "admin HTTP address (dashboard, /metrics, /healthz, /readyz); empty disables")
 	fs.StringVar(&f.adminToken, "admin-token", "", "bearer token required by the admin server (prefer env OUTBOXD_ADMIN_TOKEN)")
+	fs.Var(&f.adminHosts, "admin-host", "a `NAME` the admin server answers to without --admin-token, besides its own address (DNS rebinding protection); repeatable or comma-separated, e.g. relay-1,relay-1.internal:9464")
 	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "keep acknowledged events this long (for replay) before deleting them")
 	fs.StringVar(&f.retentionSchedule, "retention-schedule", "@every 10m", "when to delete acknowledged events past retention (cron or @every; empty disables)")
 	fs.DurationVar(&f.tombstoneHorizon, "tombstone-horizon", 30*24*time.Hour, "purge delete tombstones older than this; keep it longer than any replay window")
@@ -190,7 +192,7 @@ func runRelay(ctx context.Context, args []string) error {
 	if f.adminAddr != "" {
 		adminErr = make(chan error, 1)
 		srv, err := admin.New(admin.Config{
-			Addr: f.adminAddr, Token: f.adminToken, Gatherer: reg,
+			Addr: f.adminAddr, Token: f.adminToken, Hosts: f.adminHosts, Gatherer: reg,
 			Stats: func(ctx context.Context) (*relay.Stats, error) {
 				st, err := statsWithPaused(ctx, pool, db.schema, r)
 				if err == nil {
@@ -224,6 +226,16 @@ func runRelay(ctx context.Context, args []string) error {
 		}
 	}
 	log.Info("relay stopped")
+	return nil
+}
+
+// listFlag is a repeatable flag whose values may also be comma-separated.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	*l = append(*l, indexer.SplitAddresses(v)...)
 	return nil
 }
 

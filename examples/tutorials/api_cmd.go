@@ -81,7 +81,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("addr: %w", err)
 	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	hs := srv.HTTPServer()
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	slog.Info("example API listening", "addr", "http://"+ln.Addr().String(), "tables", *tables, "outbox", db.schema, "index", *index)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"unicode/utf8"
 )
@@ -72,6 +73,9 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, *APIError) {
 		if errors.As(err, &tooBig) {
 			return nil, &APIError{Status: http.StatusRequestEntityTooLarge, Field: "body",
 				Message: fmt.Sprintf("request body is larger than %d bytes (the body field may hold at most %d bytes)", MaxRequestBytes, MaxBodyBytes)}
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, &APIError{Status: http.StatusRequestTimeout, Field: "body", Message: "request body not received within the server's read timeout"}
 		}
 		return nil, &APIError{Status: http.StatusBadRequest, Message: "cannot read request body: " + err.Error()}
 	}

@@ -20,9 +20,10 @@ import (
 
 // Defaults for Config.
 const (
-	DefaultIndex  = "tutorials"
-	DefaultKeyTTL = 24 * time.Hour
-	DefaultLease  = 30 * time.Second
+	DefaultIndex       = "tutorials"
+	DefaultKeyTTL      = 24 * time.Hour
+	DefaultLease       = 30 * time.Second
+	DefaultReadTimeout = 15 * time.Second
 )
 
 // Config wires a Server. Pool is required; everything else has a default.
@@ -42,6 +43,10 @@ type Config struct {
 	// Lease is how long a PROCESSING key is protected before another
 	// request may take it over, presuming its owner crashed (DefaultLease).
 	Lease time.Duration
+	// ReadTimeout bounds reading a whole request, headers and body
+	// (DefaultReadTimeout), so a client that sends its body a byte at a
+	// time cannot hold a connection and a handler forever.
+	ReadTimeout time.Duration
 	// Registerer receives the metrics; nil keeps them unregistered.
 	Registerer prometheus.Registerer
 	// Gatherer, when set, is served on GET /metrics.
@@ -64,6 +69,7 @@ type Server struct {
 	metrics *metrics
 	log     *slog.Logger
 	handler http.Handler
+	read    time.Duration
 
 	afterCommit func(r *http.Request)
 }
@@ -89,8 +95,11 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Lease == 0 {
 		cfg.Lease = DefaultLease
 	}
-	if cfg.KeyTTL < 0 || cfg.Lease < 0 {
-		return nil, errors.New("tutorials: config: KeyTTL and Lease must be positive")
+	if cfg.ReadTimeout == 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.KeyTTL < 0 || cfg.Lease < 0 || cfg.ReadTimeout < 0 {
+		return nil, errors.New("tutorials: config: KeyTTL, Lease and ReadTimeout must be positive")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -120,6 +129,7 @@ func New(cfg Config) (*Server, error) {
 		es:          cfg.Elasticsearch,
 		metrics:     m,
 		log:         cfg.Logger,
+		read:        cfg.ReadTimeout,
 		afterCommit: cfg.afterCommit,
 	}
 	mux := http.NewServeMux()
@@ -136,6 +146,23 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.handler = s.count(mux)
 	return s, nil
+}
+
+// HTTPServer returns an http.Server for s with every timeout set: a slow
+// or idle client is cut off instead of holding a connection. The write
+// timeout runs from the end of the headers to the end of the response, so
+// it covers reading the body, the handler (a write is bounded by the key
+// lease, a search by the Elasticsearch client's timeout, 30s by default)
+// and sending the answer.
+func (s *Server) HTTPServer() *http.Server {
+	return &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: min(5*time.Second, s.read),
+		ReadTimeout:       s.read,
+		WriteTimeout:      s.read + max(s.keys.lease, 30*time.Second) + 10*time.Second,
+		IdleTimeout:       time.Minute,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
 }
 
 // Keys is the server's idempotency key store (for the expiry job).

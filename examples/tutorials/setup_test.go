@@ -64,7 +64,9 @@ func setup(t *testing.T, configure ...func(*Config)) *testEnv {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	ts := httptest.NewServer(srv)
+	ts := httptest.NewUnstartedServer(srv)
+	ts.Config = srv.HTTPServer() // the server example-api runs, timeouts included
+	ts.Start()
 	t.Cleanup(ts.Close)
 	return &testEnv{pool: pool, outbox: outbox, tables: tables, srv: srv, ts: ts, reg: reg}
 }

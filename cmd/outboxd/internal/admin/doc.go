@@ -12,6 +12,13 @@
 //     page: it prompts once and sends the credentials with the page's own
 //     requests). The token is never logged, and the error texts /readyz
 //     and /api/summary show pass through Config.Redact.
+//   - Without a Token, every endpoint but /healthz answers 421 unless the
+//     Host header names the server: its bound address (host:port); on
+//     loopback also localhost, 127.0.0.1 and [::1] with its port; bound to
+//     every interface, localhost or any IP address with its port; or one of
+//     Config.Hosts (a name on any port, or an exact host:port). A web page
+//     on another name re-resolved to this address (DNS rebinding) thus
+//     reads nothing. With a Token the token is the protection instead.
 //   - /metrics serves the injected Gatherer plus, computed at scrape time
 //     from Stats, outboxd_backlog_events{stream},
 //     outboxd_oldest_unacked_age_seconds{stream},

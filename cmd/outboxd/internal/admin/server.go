@@ -27,8 +27,12 @@ const DefaultAddr = "127.0.0.1:9464"
 // Config configures the admin server. Only Gatherer and Stats are needed
 // for a useful page; everything else is optional.
 type Config struct {
-	Addr     string // default DefaultAddr
-	Token    string // optional; see the package doc
+	Addr  string // default DefaultAddr
+	Token string // optional; see the package doc
+	// Hosts are extra names (or host:port pairs) accepted in the Host
+	// header of a server without a Token, besides its own address; see
+	// the package doc.
+	Hosts    []string
 	Gatherer prometheus.Gatherer
 	Stats    func(ctx context.Context) (*relay.Stats, error)
 	// Ready checks by name, e.g. "postgres" and "elasticsearch".
@@ -120,10 +124,19 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("admin: listen on %s (flag --admin-addr): %w", cfg.Addr, err)
 	}
+	hosts, err := newHostCheck(ln.Addr(), cfg.Hosts)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	var handler http.Handler = mux
+	if cfg.Token == "" {
+		handler = hosts.wrap(mux)
+	}
 	s.ln = ln
 	s.fresh = &freshConns{m: map[net.Conn]struct{}{}}
 	s.srv = &http.Server{
-		Handler:           mux,
+		Handler:           handler,
 		ConnState:         s.fresh.track,
 		ReadHeaderTimeout: 10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -149,7 +162,7 @@ const shutdownGrace = time.Second
 // gracefully: idle connections close at once, requests in progress get
 // shutdownGrace.
 func (s *Server) Run(ctx context.Context) error {
-	s.log.Info("admin: serving", "addr", "http://"+s.Addr()+"/", "auth", s.cfg.Token != "")
+	s.log.Info("admin: serving", "addr", "http://"+s.Addr()+"/", "auth", s.cfg.Token != "", "extra_hosts", s.cfg.Hosts)
 	sctx, stopSampling := context.WithCancel(ctx)
 	sampled := make(chan struct{})
 	go func() {

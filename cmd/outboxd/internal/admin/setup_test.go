@@ -148,7 +148,9 @@ func (e *testEnv) startRelay(t *testing.T) {
 // startAdmin runs the admin server with cfg completed from e.
 func (e *testEnv) startAdmin(t *testing.T, cfg admin.Config) {
 	t.Helper()
-	cfg.Addr = "127.0.0.1:0"
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
 	cfg.Gatherer = e.reg
 	cfg.Logger = e.quiet
 	cfg.Stats = func(ctx context.Context) (*relay.Stats, error) { return relay.CollectStats(ctx, e.pool, e.schema) }
