@@ -452,3 +452,8 @@ func (s *Sink) isResend(w *write, p int) bool {
 func (s *Sink) observe(result string, started time.Time) {
 	s.latency.WithLabelValues(result).Observe(time.Since(started).Seconds())
 }
+
+// Probe asks the cluster for its health, the cheapest request that proves
+// it answers: the relay calls it during an outage to resume delivery within
+// a second of the cluster coming back (see relay.Prober).
+func (s *Sink) Probe(ctx context.Context) error { return Ping(ctx, s.es) }

@@ -157,14 +157,11 @@ func (r *Relay) Streams() []Stream { return r.cfg.Streams }
 // ShutdownTimeout and persists progress. It returns nil after a graceful
 // shutdown and an error (e.g. a *ProgressError) when a stream cannot go on.
 func (r *Relay) Run(ctx context.Context) error {
-	member, err := r.connect(ctx)
-	if err != nil {
+	member := &membership{r: r}
+	if err := member.join(ctx); err != nil {
 		return err
 	}
-	defer member.Close(context.WithoutCancel(ctx))
-	if err := joinMembers(ctx, member, r.member); err != nil {
-		return fmt.Errorf("relay: join relays: %w", err)
-	}
+	defer member.close(ctx)
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -203,10 +200,8 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 
 // fairShare is how many streams this process should lead given the number
 // of live relays: ceil(streams / relays).
-func (r *Relay) fairShare(ctx context.Context, member *pgx.Conn) int {
-	r.mu.Lock()
-	defer r.mu.Unlock() // also serializes use of the member connection
-	n, err := countMembers(ctx, member, r.member)
+func (r *Relay) fairShare(ctx context.Context, member *membership) int {
+	n, err := member.count(ctx)
 	if err != nil || n < 1 {
 		n = 1
 	}
@@ -222,9 +217,10 @@ func (r *Relay) leadingCount() int {
 
 // contend stands by for stream s and leads it whenever it can take the
 // lock and has room in its fair share.
-func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
+func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error {
 	key := streamKey(r.cfg.Schema, s.Name)
 	var conn *pgx.Conn
+	failures := 0 // connection failures since the last lock attempt that got an answer
 	defer func() {
 		if conn != nil {
 			conn.Close(context.WithoutCancel(ctx))
@@ -246,6 +242,7 @@ func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
 						return nil
 					}
 					r.log.Warn("relay: cannot connect; will retry", "stream", s.Name, "err", err)
+					failures++
 				}
 				conn = c
 			}
@@ -256,28 +253,39 @@ func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
 					r.log.Warn("relay: lock attempt failed; will retry", "stream", s.Name, "err", err)
 					conn.Close(ctx)
 					conn = nil
+					failures++
 				case ok:
+					failures = 0
 					err := r.lead(ctx, member, conn, s)
+					lost := sessionLost(conn, err)
 					// Closing the session is what releases the lock.
 					conn.Close(context.WithoutCancel(ctx))
 					conn = nil
-					if err != nil {
+					// A lost session is healed by contending again, except
+					// on shutdown, where the unstored position is reported.
+					if err != nil && (!lost || ctx.Err() != nil) {
 						return err
 					}
+					if lost {
+						r.log.Warn("relay: lost the stream's database session; reconnecting", "stream", s.Name, "err", err)
+						failures++
+					}
+				default:
+					failures = 0
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(jitter(r.cfg.LeaseInterval)):
+		case <-time.After(r.retryWait(failures)):
 		}
 	}
 }
 
 // lead runs stream s while this process holds its lock. It returns nil on
 // shutdown or when handing the stream to another relay for balance.
-func (r *Relay) lead(ctx context.Context, member, conn *pgx.Conn, s Stream) error {
+func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s Stream) error {
 	ctx, yield := context.WithCancel(ctx)
 	defer yield()
 	r.mu.Lock()
@@ -306,7 +314,7 @@ func (r *Relay) lead(ctx context.Context, member, conn *pgx.Conn, s Stream) erro
 // yieldExtra hands back one stream when this process leads more than its
 // fair share, so a newly started relay gets work. The stream with the
 // greatest name goes, so every process agrees on which.
-func (r *Relay) yieldExtra(ctx context.Context, member *pgx.Conn, stream string) bool {
+func (r *Relay) yieldExtra(ctx context.Context, member *membership, stream string) bool {
 	share := r.fairShare(ctx, member)
 	r.mu.Lock()
 	defer r.mu.Unlock()
