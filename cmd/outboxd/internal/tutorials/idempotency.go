@@ -111,14 +111,26 @@ type db interface {
 // database restart or a dropped connection leaves nothing behind: its
 // uncommitted claim rolls back with its write and a retry runs at once.
 func (k *Keys) claimIn(ctx context.Context, tx pgx.Tx, userID, key, method, path, hash string) (claim, error) {
-	var free bool
-	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, k.lockKey(userID, key)).Scan(&free); err != nil {
-		return claim{}, fmt.Errorf("tutorials: lock key: %w", err)
+	// A few tries, briefly apart: a session killed with its request is
+	// gone for its client a moment before its server process lets go of
+	// its locks, and the client's retry must not be told busy for that.
+	for try := 0; ; try++ {
+		var free bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, k.lockKey(userID, key)).Scan(&free); err != nil {
+			return claim{}, fmt.Errorf("tutorials: lock key: %w", err)
+		}
+		if free {
+			return k.claim(ctx, tx, userID, key, method, path, hash)
+		}
+		if try == 4 {
+			return claim{kind: busy, duplicate: true, retryIn: time.Second}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return claim{}, fmt.Errorf("tutorials: lock key: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	if !free {
-		return claim{kind: busy, duplicate: true, retryIn: time.Second}, nil
-	}
-	return k.claim(ctx, tx, userID, key, method, path, hash)
 }
 
 // lockKey is the advisory lock key of (userID, key) in this table.
