@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -127,4 +128,46 @@ func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no single series of %s", name)
 	return 0
+}
+
+// probingSink is a recordingSink whose Probe fails while it is down.
+type probingSink struct{ *recordingSink }
+
+func (s probingSink) Probe(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.down {
+		return errors.New("sink is down")
+	}
+	return nil
+}
+
+func TestRelayProbesTheSink(t *testing.T) {
+	t.Parallel()
+
+	t.Run("delivery resumes within about a second of the sink answering, not after the grown backoff", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := probingSink{newRecordingSink()}
+		cfg := e.config(sink)
+		// The first retry alone would wait 10-20 s.
+		cfg.BackoffBase, cfg.BackoffMax = 20*time.Second, 30*time.Second
+		sink.setDown(true)
+		start(t, cfg)
+		ids := e.append(t, 5)
+		eventually(t, 10*time.Second, "a write fails", func() bool {
+			sink.mu.Lock()
+			defer sink.mu.Unlock()
+			return sink.writes > 0
+		})
+		time.Sleep(2 * time.Second) // probes fail meanwhile
+		sink.setDown(false)
+		back := time.Now()
+		eventually(t, 10*time.Second, "the events are delivered", func() bool { return sink.has(ids[4]) })
+		took := time.Since(back)
+		t.Logf("delivered %s after the sink answered again", took.Round(time.Millisecond))
+		if took > 2*time.Second {
+			t.Fatalf("delivery resumed %s after the sink answered, want within 2s", took)
+		}
+	})
 }
