@@ -38,8 +38,9 @@ type Config struct {
 	Elasticsearch *elasticsearch.Client
 	// KeyTTL is how long an idempotency key is remembered (DefaultKeyTTL).
 	KeyTTL time.Duration
-	// Lease is how long a PROCESSING key is protected before another
-	// request may take it over, presuming its owner crashed (DefaultLease).
+	// Lease bounds one write's transaction; it is also how long a
+	// PROCESSING key committed by an earlier release is protected before
+	// another request may take it over (DefaultLease).
 	Lease time.Duration
 	// Registerer receives the metrics; nil keeps them unregistered.
 	Registerer prometheus.Registerer
