@@ -18,10 +18,10 @@ const probeInterval = time.Second
 
 // awaitSink waits up to d before a page the sink could not take is tried
 // again. With a Prober it probes meanwhile and cuts the wait short once a
-// probe succeeds after one failed (*down, kept across the page's waits):
-// the outage is over, and the caller starts its backoff afresh. A sink that
-// answers probes but refuses writes (overloaded, 429) gets the full wait.
-// It returns false on shutdown.
+// probe succeeds while *down (the sink was unreachable, or a probe failed,
+// in this outage): the outage is over, and the caller starts its backoff
+// afresh. A sink that answers probes but refuses writes (overloaded, 429)
+// gets the full wait. It returns false on shutdown.
 func (w *streamWriter) awaitSink(ctx context.Context, d time.Duration, down *bool) (ok, recovered bool) {
 	p, probes := w.r.cfg.Sink.(Prober)
 	if !probes || d <= probeInterval {

@@ -219,7 +219,7 @@ func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLette
 	firsts := make(map[int64]time.Time)
 	var dead []deadLetter
 	sinkFailures, rounds := 0, 0
-	sinkDown := false // a probe failed during this page's outage
+	sinkDown := false // the sink was unreachable, or a probe failed, in this outage
 	for len(pending) > 0 {
 		start := time.Now()
 		outs, err := cfg.Sink.Write(ctx, pending)
@@ -235,6 +235,7 @@ func (w *streamWriter) deliver(ctx context.Context, events []Event) ([]deadLette
 			d := backoff(cfg.BackoffBase, cfg.BackoffMax, sinkFailures)
 			sinkFailures++
 			w.r.log.Error("relay: sink unavailable; retrying the batch", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "err", err)
+			sinkDown = true // unreachable: the first probe that gets through ends the wait
 			ok, recovered := w.awaitSink(ctx, d, &sinkDown)
 			if !ok {
 				return nil, errShutdown
