@@ -118,3 +118,35 @@ func (m *membership) close(ctx context.Context) {
 		m.conn.Close(context.WithoutCancel(ctx))
 	}
 }
+
+// setReconnecting records why this process cannot contend for stream now
+// (its session was lost; connecting or asking for the lock failed), or
+// with nil that it can again: a lock attempt got an answer, taken or not.
+func (r *Relay) setReconnecting(stream string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reconnecting == nil {
+		r.reconnecting = map[string]error{}
+	}
+	if err == nil {
+		delete(r.reconnecting, stream)
+		return
+	}
+	r.reconnecting[stream] = err
+}
+
+// Health fails while some stream has neither a leader's nor a standby's
+// session in this process: it lost it (a PostgreSQL restart, a killed
+// session) and has not got a new one yet. For readiness checks; a healthy
+// process may still lead nothing.
+func (r *Relay) Health() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	for _, s := range r.cfg.Streams {
+		if err := r.reconnecting[s.Name]; err != nil {
+			errs = append(errs, fmt.Errorf("stream %s: no database session, reconnecting: %w", s.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}

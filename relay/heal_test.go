@@ -3,9 +3,12 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/relay"
@@ -169,5 +172,65 @@ func TestRelayProbesTheSink(t *testing.T) {
 		if took > 2*time.Second {
 			t.Fatalf("delivery resumed %s after the sink answered, want within 2s", took)
 		}
+	})
+}
+
+func TestRelayHealth(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a relay that lost its session and cannot reconnect is unhealthy within one lease interval, and healthy once back", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		// The relay's own pool, whose new connections the test can refuse.
+		var refuse atomic.Bool
+		pc := e.pool.Config()
+		pc.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if refuse.Load() {
+				return nil, errors.New("refused by the test")
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		const lease = 400 * time.Millisecond
+		cfg := e.config(newRecordingSink())
+		cfg.Pool, cfg.LeaseInterval = pool, lease
+		r, err := relay.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}()
+		eventually(t, 10*time.Second, "the relay leads", func() bool { return len(r.Leading()) == 1 })
+		if err := r.Health(); err != nil {
+			t.Fatalf("Health while leading: %v", err)
+		}
+
+		refuse.Store(true)
+		e.terminate(t, e.leaderPID(t, "default"))
+		killed := time.Now()
+		eventually(t, 10*time.Second, "the relay reports itself unhealthy", func() bool { return r.Health() != nil })
+		took := time.Since(killed)
+		t.Logf("unhealthy %s after its session was killed (lease interval %s): %v", took.Round(time.Millisecond), lease, r.Health())
+		if took > lease+100*time.Millisecond {
+			t.Fatalf("healthy for %s after losing its session", took)
+		}
+		if len(r.Leading()) != 0 {
+			t.Fatal("still calls itself leader without a session")
+		}
+
+		refuse.Store(false)
+		eventually(t, 10*time.Second, "the relay is healthy and leads again", func() bool { return r.Health() == nil && len(r.Leading()) == 1 })
 	})
 }

@@ -95,8 +95,9 @@ type Relay struct {
 
 	waker waker
 
-	mu   sync.Mutex
-	held map[string]context.CancelFunc // streams this process leads
+	mu           sync.Mutex
+	held         map[string]context.CancelFunc // streams this process leads
+	reconnecting map[string]error              // see Health
 }
 
 // New checks cfg and returns a Relay; Run starts it.
@@ -228,6 +229,9 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 	}()
 	for {
 		room := r.leadingCount() < r.fairShare(ctx, member)
+		if !room {
+			r.setReconnecting(s.Name, nil)
+		}
 		if !room && conn != nil {
 			// At its fair share this process will not try for the stream;
 			// holding a connection for it would only use up the server's.
@@ -242,6 +246,7 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 						return nil
 					}
 					r.log.Warn("relay: cannot connect; will retry", "stream", s.Name, "err", err)
+					r.setReconnecting(s.Name, err)
 					failures++
 				}
 				conn = c
@@ -253,8 +258,10 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 					r.log.Warn("relay: lock attempt failed; will retry", "stream", s.Name, "err", err)
 					conn.Close(ctx)
 					conn = nil
+					r.setReconnecting(s.Name, err)
 					failures++
 				case ok:
+					r.setReconnecting(s.Name, nil)
 					failures = 0
 					err := r.lead(ctx, member, conn, s)
 					lost := sessionLost(conn, err)
@@ -268,9 +275,11 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 					}
 					if lost {
 						r.log.Warn("relay: lost the stream's database session; reconnecting", "stream", s.Name, "err", err)
+						r.setReconnecting(s.Name, err)
 						failures++
 					}
 				default:
+					r.setReconnecting(s.Name, nil)
 					failures = 0
 				}
 			}

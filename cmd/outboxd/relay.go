@@ -168,6 +168,7 @@ func runRelay(ctx context.Context, args []string) error {
 			Ready: map[string]func(context.Context) error{
 				"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
 				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
+				"relay":         func(context.Context) error { return r.Health() },
 			},
 			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log,
 		})
