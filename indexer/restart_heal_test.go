@@ -134,6 +134,18 @@ func (f *flow) acked() int64 {
 	return st.Streams[0].Acknowledged
 }
 
+// flowing waits until events are being acknowledged (a freshly restarted
+// node may take a while to create the index).
+func (f *flow) flowing(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); f.acked() <= 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("nothing acknowledged within two minutes")
+		}
+	}
+	time.Sleep(time.Second)
+}
+
 // resumed waits until acknowledgements advance past what they were at
 // since, and returns how long after since that happened.
 func (f *flow) resumed(t *testing.T, since time.Time) time.Duration {
@@ -242,10 +254,7 @@ func TestRestartPostgresWhileEventsFlow(t *testing.T) {
 	f := startFlow(t)
 
 	t.Run("the relay recovers by itself within 5 s of PostgreSQL answering and the index equals the database", func(t *testing.T) {
-		time.Sleep(2 * time.Second) // events flowing and acknowledged
-		if f.acked() <= 0 {
-			t.Fatal("nothing acknowledged before the restart")
-		}
+		f.flowing(t)
 		cc := f.pool.Config().ConnConfig
 		back := watchBack(t, func(ctx context.Context) error {
 			conn, err := pgx.ConnectConfig(ctx, cc)
@@ -273,17 +282,14 @@ func TestRestartElasticsearchOutage(t *testing.T) {
 	f := startFlow(t)
 
 	t.Run("after a 20 s outage the backlog starts draining within 2 s of the cluster answering", func(t *testing.T) {
-		time.Sleep(2 * time.Second)
-		if f.acked() <= 0 {
-			t.Fatal("nothing acknowledged before the outage")
-		}
-		back := watchBack(t, func(ctx context.Context) error { return Ping(ctx, f.es) })
+		f.flowing(t)
+		back := watchBack(t, func(ctx context.Context) error { return probeHealthy(ctx, f.es) })
 		stopped := time.Now()
 		services(t, "stop-es")
 		time.Sleep(20*time.Second - time.Since(stopped))
 		services(t, "start-es")
 		up := back()
-		t.Logf("Elasticsearch answered %s after it was stopped", up.Sub(stopped).Round(time.Second))
+		t.Logf("Elasticsearch answered, healthy, %s after it was stopped", up.Sub(stopped).Round(time.Second))
 		took := f.resumed(t, up)
 		t.Logf("delivery resumed %s after Elasticsearch answered again", took.Round(time.Millisecond))
 		if took > 2*time.Second {
