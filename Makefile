@@ -33,11 +33,13 @@ test: ## Full suite (race detector) against real servers; starts them first
 	scripts/services up
 	scripts/install-chromium
 	eval "$$(scripts/services env)" && go test -race -count=1 -timeout 40m $(TESTFLAGS) $(PKGS)
-	@# These stop and start Elasticsearch, so they run alone, after the rest,
-	@# and only against the servers scripts/services manages.
+	@# These stop and start Elasticsearch and PostgreSQL, so they run alone,
+	@# after the rest, and only against the servers scripts/services manages.
 	@if [[ -n "$${ELASTICSEARCH_URL:-}" && "$${ELASTICSEARCH_URL%/}" != "http://127.0.0.1:$${OUTBOXD_ES_PORT:-9200}" ]]; then \
-		echo "ELASTICSEARCH_URL points at your own server: skipping the tests that restart Elasticsearch"; \
-	else eval "$$(scripts/services env)" && go test -race -count=1 -timeout 20m -tags restart -run TestRestart ./indexer/; fi
+		echo "ELASTICSEARCH_URL points at your own server: skipping the tests that restart the servers"; \
+	elif [[ -n "$${DATABASE_URL:-}" && "$${DATABASE_URL}" != "postgres://postgres@127.0.0.1:$${OUTBOXD_PG_PORT:-54329}/outboxd?sslmode=disable" ]]; then \
+		echo "DATABASE_URL points at your own server: skipping the tests that restart the servers"; \
+	else eval "$$(scripts/services env)" && go test -race -count=1 -p 1 -timeout 20m -tags restart -run TestRestart ./indexer/ ./relay/ ./cmd/outboxd/... ./examples/...; fi
 
 test-unit: ## Unit tests only, no servers needed
 	OUTBOXD_UNIT_ONLY=1 go test -short -race $(TESTFLAGS) $(PKGS)

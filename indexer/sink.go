@@ -434,3 +434,21 @@ func (s *Sink) settleItems(w *write, items []int, body []byte) {
 func (s *Sink) observe(result string, started time.Time) {
 	s.latency.WithLabelValues(result).Observe(time.Since(started).Seconds())
 }
+
+// Probe succeeds once the cluster answers with every primary shard
+// active (health yellow or green): the relay calls it during an outage to
+// resume delivery within a second of the cluster coming back, and a node
+// that answers while it still recovers its shards would only refuse the
+// retried page with 503 (see relay.Prober).
+func (s *Sink) Probe(ctx context.Context) error {
+	return probeHealthy(ctx, s.es)
+}
+
+// probeHealthy asks for cluster health yellow or better without waiting for
+// it: a cluster that is not there yet answers 408 at once, an error.
+func probeHealthy(ctx context.Context, es *elasticsearch.Client) error {
+	_, err := perform(ctx, es, "probe", esapi.ClusterHealthRequest{
+		WaitForStatus: "yellow", Timeout: 100 * time.Millisecond, FilterPath: []string{"status"},
+	})
+	return err
+}

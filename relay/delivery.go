@@ -21,7 +21,7 @@ var errShutdown = errors.New("relay: shutdown before the page was handled")
 // terminal outcome.
 type streamWriter struct {
 	r      *Relay
-	member *pgx.Conn
+	member *membership
 	conn   *pgx.Conn
 	stream Stream
 
@@ -60,11 +60,21 @@ func (w *streamWriter) run(ctx context.Context) error {
 	defer balance.Stop()
 	flushTick := time.NewTicker(cfg.StoreInterval)
 	defer flushTick.Stop()
+	beat := time.NewTicker(cfg.heartbeatInterval())
+	defer beat.Stop()
 
 	// Up to InFlight pages are at the sink at once (versions make their
 	// order irrelevant to the result); they are acknowledged strictly in
 	// reading order, so progress never passes a page still in flight.
 	var queue []*inflight
+	// The stream may be led again (here, after a reconnect) as soon as this
+	// returns: no delivery of this term may still be running then.
+	defer func() {
+		cancelWrites()
+		for _, f := range queue {
+			<-f.done
+		}
+	}()
 	for {
 		var head chan struct{}
 		if len(queue) > 0 {
@@ -83,6 +93,10 @@ func (w *streamWriter) run(ctx context.Context) error {
 				if err := w.flush(wctx); err != nil {
 					return err
 				}
+			}
+		case <-beat.C:
+			if err := w.heartbeat(ctx); err != nil {
+				return err
 			}
 		case <-balance.C:
 			if w.r.yieldExtra(ctx, w.member, name) {
@@ -207,6 +221,8 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 	firsts := make(map[int64]time.Time)
 	var dead []deadLetter
 	sinkFailures, rounds := 0, 0
+	sinkDown := false // the sink was unreachable, or a probe failed, in this outage
+	paused := false   // the stream's pause reason is set (see Relay.Paused)
 	for len(pending) > 0 {
 		start := time.Now()
 		outs, err := cfg.Sink.Write(ctx, pending)
@@ -223,8 +239,14 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 			sinkFailures++
 			w.r.log.Error("relay: sink unavailable; retrying the batch", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "err", err)
 			w.r.setPaused(name, err.Error())
-			if !sleep(ctx, d) {
+			paused = true
+			sinkDown = true // unreachable: the first probe that gets through ends the wait
+			ok, recovered := w.awaitSink(ctx, d, &sinkDown)
+			if !ok {
 				return nil, errShutdown
+			}
+			if recovered {
+				sinkFailures = 0
 			}
 			continue
 		}
@@ -277,13 +299,19 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 			sinkFailures++
 			w.r.log.Error("relay: sink outage; retrying without charging the events", "stream", name, "events", len(pending), "failures", sinkFailures, "retry_in", d, "reason", outage)
 			w.r.setPaused(name, outage)
-			if !sleep(ctx, d) {
+			paused = true
+			ok, recovered := w.awaitSink(ctx, d, &sinkDown)
+			if !ok {
 				return nil, errShutdown
+			}
+			if recovered {
+				sinkFailures = 0
 			}
 			continue
 		}
-		if sinkFailures > 0 {
+		if paused {
 			w.r.setPaused(name, "")
+			paused = false
 		}
 		sinkFailures = 0
 		if len(pending) > 0 {

@@ -55,7 +55,15 @@
 // reason. A Rejected outcome is parked at once. A Sink.Write error means the
 // sink is unavailable as a whole: the page is retried without limit (and
 // logged, and counted in outboxd_sink_errors_total) so an outage of minutes
-// delays delivery but never dead-letters the backlog.
+// delays delivery but never dead-letters the backlog. A sink that also
+// implements Prober is probed once a second during such an outage, and the
+// page is retried as soon as it answers again rather than after a backoff
+// grown to BackoffMax.
+//
+// A lost PostgreSQL session (a restart, a failover, pg_terminate_backend)
+// is healed in place: the stream is given up, the relay reconnects with
+// backoff, takes the lock again and resumes from the stored position (see
+// heal.go). Run returns an error only for what reconnecting cannot fix.
 //
 // # Leadership and partitions
 //
@@ -64,7 +72,9 @@
 // progress. If the leader dies its session ends, PostgreSQL releases the
 // lock, and a standby polling every Config.LeaseInterval takes over from
 // the stored position. A leader whose session is gone cannot store
-// progress, so two relays never both advance a stream. Streams partition
+// progress, so two relays never both advance a stream; it pings that
+// session twice per LeaseInterval, so even an idle leader stops calling
+// itself leader within one interval of losing it. Streams partition
 // the outbox by 1024 hash buckets of source_id (Partitions); every relay
 // process counts the live relays (a shared advisory lock each holds) and
 // leads at most its fair share, handing extra streams to newcomers.

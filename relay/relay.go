@@ -97,9 +97,10 @@ type Relay struct {
 
 	waker waker
 
-	mu     sync.Mutex
-	held   map[string]context.CancelFunc // streams this process leads
-	paused map[string]string             // stream -> why its sink fails; see Paused
+	mu           sync.Mutex
+	held         map[string]context.CancelFunc // streams this process leads
+	paused       map[string]string             // stream -> why its sink fails; see Paused
+	reconnecting map[string]error              // see Health
 }
 
 // New checks cfg and returns a Relay; Run starts it.
@@ -160,14 +161,11 @@ func (r *Relay) Streams() []Stream { return r.cfg.Streams }
 // ShutdownTimeout and persists progress. It returns nil after a graceful
 // shutdown and an error (e.g. a *ProgressError) when a stream cannot go on.
 func (r *Relay) Run(ctx context.Context) error {
-	member, err := r.connect(ctx)
-	if err != nil {
+	member := &membership{r: r}
+	if err := member.join(ctx); err != nil {
 		return err
 	}
-	defer member.Close(context.WithoutCancel(ctx))
-	if err := joinMembers(ctx, member, r.member); err != nil {
-		return fmt.Errorf("relay: join relays: %w", err)
-	}
+	defer member.close(ctx)
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -206,10 +204,8 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 
 // fairShare is how many streams this process should lead given the number
 // of live relays: ceil(streams / relays).
-func (r *Relay) fairShare(ctx context.Context, member *pgx.Conn) int {
-	r.mu.Lock()
-	defer r.mu.Unlock() // also serializes use of the member connection
-	n, err := countMembers(ctx, member, r.member)
+func (r *Relay) fairShare(ctx context.Context, member *membership) int {
+	n, err := member.count(ctx)
 	if err != nil || n < 1 {
 		n = 1
 	}
@@ -225,9 +221,10 @@ func (r *Relay) leadingCount() int {
 
 // contend stands by for stream s and leads it whenever it can take the
 // lock and has room in its fair share.
-func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
+func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error {
 	key := streamKey(r.cfg.Schema, s.Name)
 	var conn *pgx.Conn
+	failures := 0 // connection failures since the last lock attempt that got an answer
 	defer func() {
 		if conn != nil {
 			conn.Close(context.WithoutCancel(ctx))
@@ -235,6 +232,9 @@ func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
 	}()
 	for {
 		room := r.leadingCount() < r.fairShare(ctx, member)
+		if !room {
+			r.setReconnecting(s.Name, nil)
+		}
 		if !room && conn != nil {
 			// At its fair share this process will not try for the stream;
 			// holding a connection for it would only use up the server's.
@@ -249,6 +249,8 @@ func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
 						return nil
 					}
 					r.log.Warn("relay: cannot connect; will retry", "stream", s.Name, "err", err)
+					r.setReconnecting(s.Name, err)
+					failures++
 				}
 				conn = c
 			}
@@ -259,28 +261,43 @@ func (r *Relay) contend(ctx context.Context, member *pgx.Conn, s Stream) error {
 					r.log.Warn("relay: lock attempt failed; will retry", "stream", s.Name, "err", err)
 					conn.Close(ctx)
 					conn = nil
+					r.setReconnecting(s.Name, err)
+					failures++
 				case ok:
+					r.setReconnecting(s.Name, nil)
+					failures = 0
 					err := r.lead(ctx, member, conn, s)
+					lost := sessionLost(conn, err)
 					// Closing the session is what releases the lock.
 					conn.Close(context.WithoutCancel(ctx))
 					conn = nil
-					if err != nil {
+					// A lost session is healed by contending again, except
+					// on shutdown, where the unstored position is reported.
+					if err != nil && (!lost || ctx.Err() != nil) {
 						return err
 					}
+					if lost {
+						r.log.Warn("relay: lost the stream's database session; reconnecting", "stream", s.Name, "err", err)
+						r.setReconnecting(s.Name, err)
+						failures++
+					}
+				default:
+					r.setReconnecting(s.Name, nil)
+					failures = 0
 				}
 			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(jitter(r.cfg.LeaseInterval)):
+		case <-time.After(r.retryWait(failures)):
 		}
 	}
 }
 
 // lead runs stream s while this process holds its lock. It returns nil on
 // shutdown or when handing the stream to another relay for balance.
-func (r *Relay) lead(ctx context.Context, member, conn *pgx.Conn, s Stream) error {
+func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s Stream) error {
 	ctx, yield := context.WithCancel(ctx)
 	defer yield()
 	r.mu.Lock()
@@ -310,7 +327,7 @@ func (r *Relay) lead(ctx context.Context, member, conn *pgx.Conn, s Stream) erro
 // yieldExtra hands back one stream when this process leads more than its
 // fair share, so a newly started relay gets work. The stream with the
 // greatest name goes, so every process agrees on which.
-func (r *Relay) yieldExtra(ctx context.Context, member *pgx.Conn, stream string) bool {
+func (r *Relay) yieldExtra(ctx context.Context, member *membership, stream string) bool {
 	share := r.fairShare(ctx, member)
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -204,6 +204,7 @@ func runRelay(ctx context.Context, args []string) error {
 				"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
 				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
 				"sink":          func(context.Context) error { return pausedError(r) },
+				"relay":         func(context.Context) error { return r.Health() },
 			},
 			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
 		})

@@ -35,23 +35,25 @@
 // request's identity is SHA-256 over method, path and the payload
 // re-encoded with sorted keys, so whitespace and key order do not matter.
 //
-//   - First use: the key is claimed as PROCESSING in a short transaction of
-//     its own (INSERT ... ON CONFLICT DO NOTHING: the primary key, not a
-//     prior SELECT, picks the winner). The business row, its outbox event
-//     and the key's SUCCESS with the stored response status and body then
-//     commit in one transaction.
+//   - First use: one transaction takes an advisory lock on the key, claims
+//     it (INSERT ... ON CONFLICT DO NOTHING: the primary key, not a prior
+//     SELECT, picks the winner) and writes the business row, its outbox
+//     event and the key's SUCCESS with the stored response status and body.
 //   - Same key, same payload, SUCCESS: the stored response is replayed
 //     byte for byte with "Idempotent-Replayed: true". Nothing is written.
 //   - Same key, other payload (or other method or path): 409 naming
 //     Idempotency-Key. Nothing is written.
-//   - Same key while the first request is still PROCESSING: 409 at once,
-//     with Retry-After, never a wait and never a second write.
-//   - A business refusal (404, 403) or an internal error rolls the write
-//     back and marks the key FAILED: a retry with the same payload runs again.
-//   - A crash after the claim but before the commit leaves PROCESSING with
-//     a lease (30 s by default); once it runs out, a retry takes the key
-//     over. The owner's token fences a slow, not dead, owner: its commit
-//     fails rather than writing twice.
+//   - Same key while the first request is still running (its transaction
+//     holds the key's lock): 409 within 0.1 s, with Retry-After, never a
+//     second write.
+//   - A business refusal (404, 403) rolls the write back to a savepoint and
+//     marks the key FAILED with the response: a retry with the same payload
+//     runs again.
+//   - An internal error, a crash, a PostgreSQL restart or a killed session
+//     before the commit rolls back the claim with the write: the key is as
+//     before the request and a retry runs at once. (A PROCESSING key
+//     committed by an earlier release, which claimed in a transaction of its
+//     own, is busy until its 30 s lease runs out, then taken over.)
 //   - A crash after the commit but before the response: the retry replays.
 //   - Keys expire after 24 h by default; StartCleanup deletes expired keys
 //     on a cron schedule. An expired key still present counts as new.

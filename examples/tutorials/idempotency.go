@@ -9,9 +9,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/schema"
@@ -23,10 +25,6 @@ const (
 	StatusSuccess    = "SUCCESS"
 	StatusFailed     = "FAILED"
 )
-
-// ErrLeaseLost means another request took over this request's claim after
-// its lease ran out; this request must not write.
-var ErrLeaseLost = errors.New("tutorials: idempotency claim was taken over by another request")
 
 // Keys stores idempotency keys in one schema.
 type Keys struct {
@@ -97,21 +95,64 @@ func newToken() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
-// Claim makes the request the owner of (userID, key), or says why not.
+// db is what a claim runs on: the request's transaction (or the pool).
+type db interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// claimIn makes the request the owner of (userID, key) inside tx, the
+// transaction that will also hold the business write, or says why not.
 //
-// The claim is an INSERT ... ON CONFLICT DO NOTHING committed on its own,
-// so the primary key decides the winner and every other request sees the
-// PROCESSING row at once instead of queueing behind the winner's business
-// transaction. A loser reads the row: same hash and SUCCESS replays; other
-// hash is a conflict; PROCESSING with a live lease is busy. A FAILED key,
-// a PROCESSING key whose lease ran out (its owner crashed) or an expired
-// key is taken over with an UPDATE that repeats those conditions, so two
-// takers cannot both win.
-func (k *Keys) Claim(ctx context.Context, userID, key, method, path, hash string) (claim, error) {
+// A transaction-level advisory lock on the key comes first: held, another
+// request with this key is working on it right now, and this one gets busy
+// (409) at once instead of queueing behind it. The lock ends with that
+// request's transaction however it ends, so a request cut off by a
+// database restart or a dropped connection leaves nothing behind: its
+// uncommitted claim rolls back with its write and a retry runs at once.
+func (k *Keys) claimIn(ctx context.Context, tx pgx.Tx, userID, key, method, path, hash string) (claim, error) {
+	// A few tries, briefly apart: a session killed with its request is
+	// gone for its client a moment before its server process lets go of
+	// its locks, and the client's retry must not be told busy for that.
+	for try := 0; ; try++ {
+		var free bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, k.lockKey(userID, key)).Scan(&free); err != nil {
+			return claim{}, fmt.Errorf("tutorials: lock key: %w", err)
+		}
+		if free {
+			return k.claim(ctx, tx, userID, key, method, path, hash)
+		}
+		if try == 4 {
+			return claim{kind: busy, duplicate: true, retryIn: time.Second}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return claim{}, fmt.Errorf("tutorials: lock key: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// lockKey is the advisory lock key of (userID, key) in this table.
+func (k *Keys) lockKey(userID, key string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("outboxd.idempotency\x00" + k.table + "\x00" + userID + "\x00" + key))
+	return int64(h.Sum64())
+}
+
+// claim inserts the key as PROCESSING with INSERT ... ON CONFLICT DO
+// NOTHING, so the primary key, not a prior SELECT, decides the winner. A
+// loser reads the row: same hash and SUCCESS replays; other hash is a
+// conflict. A FAILED key or an expired key is taken over with an UPDATE
+// that repeats those conditions, so two takers cannot both win. A
+// committed PROCESSING row is a claim an earlier release committed on its
+// own before its write: it is busy while its lease lasts and taken over
+// once the lease runs out (its owner died).
+func (k *Keys) claim(ctx context.Context, db db, userID, key, method, path, hash string) (claim, error) {
 	duplicate := false
 	for range 5 {
 		token := newToken()
-		tag, err := k.pool.Exec(ctx, `INSERT INTO `+k.table+`
+		tag, err := db.Exec(ctx, `INSERT INTO `+k.table+`
 			(user_id, key, method, path, request_hash, status, lock_token, locked_until, expires_at)
 			VALUES ($1, $2, $3, $4, $5, 'PROCESSING', $6, now() + make_interval(secs => $7), now() + make_interval(secs => $8))
 			ON CONFLICT (user_id, key) DO NOTHING`,
@@ -132,7 +173,7 @@ func (k *Keys) Claim(ctx context.Context, userID, key, method, path, hash string
 			expired, leaseOver bool
 			retryIn            float64
 		)
-		err = k.pool.QueryRow(ctx, `SELECT request_hash, status, response_status, response_body, resource_id,
+		err = db.QueryRow(ctx, `SELECT request_hash, status, response_status, response_body, resource_id,
 				expires_at <= now(), coalesce(locked_until <= now(), true),
 				greatest(0, extract(epoch FROM coalesce(locked_until, now()) - now()))::float8
 			FROM `+k.table+` WHERE user_id = $1 AND key = $2`, userID, key).
@@ -162,7 +203,7 @@ func (k *Keys) Claim(ctx context.Context, userID, key, method, path, hash string
 				return claim{kind: busy, duplicate: true, retryIn: time.Duration(retryIn * float64(time.Second))}, nil
 			}
 		}
-		tag, err = k.pool.Exec(ctx, `UPDATE `+k.table+` SET
+		tag, err = db.Exec(ctx, `UPDATE `+k.table+` SET
 				method = $3, path = $4, request_hash = $5, status = 'PROCESSING',
 				lock_token = $6, locked_until = now() + make_interval(secs => $7),
 				response_status = NULL, response_body = NULL, resource_id = NULL, updated_at = now(),
@@ -184,26 +225,6 @@ func (k *Keys) Claim(ctx context.Context, userID, key, method, path, hash string
 	return claim{}, fmt.Errorf("tutorials: key %q: claim did not settle after 5 attempts", key)
 }
 
-// hold locks the key row inside the business transaction, so a taker
-// waits for this transaction instead of racing it. The lock is FOR UPDATE,
-// not an UPDATE, on purpose: a lock-only row version does not make a
-// duplicate's INSERT ... ON CONFLICT wait, so duplicates get their 409 at
-// once instead of queueing on this transaction. It fails with ErrLeaseLost
-// when the claim is no longer this request's.
-func (k *Keys) hold(ctx context.Context, tx pgx.Tx, userID, key, token string) error {
-	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM `+k.table+`
-		WHERE user_id = $1 AND key = $2 AND lock_token = $3 AND status = 'PROCESSING'
-		FOR UPDATE`, userID, key, token).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrLeaseLost
-	}
-	if err != nil {
-		return fmt.Errorf("tutorials: hold key: %w", err)
-	}
-	return nil
-}
-
 // succeed stores the response inside the business transaction: the key
 // reads SUCCESS exactly when the business row and its outbox event exist.
 func (k *Keys) succeed(ctx context.Context, tx pgx.Tx, userID, key, token string, status int, body []byte, resource string) error {
@@ -215,15 +236,16 @@ func (k *Keys) succeed(ctx context.Context, tx pgx.Tx, userID, key, token string
 		return fmt.Errorf("tutorials: complete key: %w", err)
 	}
 	if tag.RowsAffected() != 1 {
-		return ErrLeaseLost
+		return errors.New("tutorials: complete key: the claim is gone")
 	}
 	return nil
 }
 
-// fail marks the key FAILED with the response the client got. A FAILED key
-// may be retried with the same payload; nothing was written.
-func (k *Keys) fail(ctx context.Context, userID, key, token string, status int, body []byte) error {
-	_, err := k.pool.Exec(ctx, `UPDATE `+k.table+` SET status = 'FAILED', response_status = $4, response_body = $5,
+// fail marks the key FAILED with the response the client got, in the
+// request's transaction after its write was rolled back to a savepoint. A
+// FAILED key may be retried with the same payload; nothing was written.
+func (k *Keys) fail(ctx context.Context, tx pgx.Tx, userID, key, token string, status int, body []byte) error {
+	_, err := tx.Exec(ctx, `UPDATE `+k.table+` SET status = 'FAILED', response_status = $4, response_body = $5,
 			lock_token = NULL, locked_until = NULL, updated_at = now()
 		WHERE user_id = $1 AND key = $2 AND lock_token = $3`,
 		userID, key, token, status, body)

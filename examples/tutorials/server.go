@@ -40,8 +40,9 @@ type Config struct {
 	Elasticsearch *elasticsearch.Client
 	// KeyTTL is how long an idempotency key is remembered (DefaultKeyTTL).
 	KeyTTL time.Duration
-	// Lease is how long a PROCESSING key is protected before another
-	// request may take it over, presuming its owner crashed (DefaultLease).
+	// Lease bounds one write's transaction; it is also how long a
+	// PROCESSING key committed by an earlier release is protected before
+	// another request may take it over (DefaultLease).
 	Lease time.Duration
 	// ReadTimeout bounds reading a whole request, headers and body
 	// (DefaultReadTimeout), so a client that sends its body a byte at a

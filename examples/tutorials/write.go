@@ -19,18 +19,19 @@ type result struct {
 }
 
 // operation is the business part of a write. It runs inside the
-// transaction that also completes the idempotency key. Returning an
-// *APIError (404, 403) rolls the transaction back and marks the key FAILED.
+// transaction that also claims and completes the idempotency key.
+// Returning an *APIError (404, 403) rolls the operation back and marks the
+// key FAILED.
 type operation func(ctx context.Context, tx pgx.Tx) (result, error)
 
 // idempotent runs op at most once per (user, Idempotency-Key, payload).
 //
-// The claim commits first, on its own, so concurrent duplicates see
-// PROCESSING and get 409 at once. The business row, its outbox event and
-// the key's SUCCESS with the stored response then commit in one
-// transaction: after a crash either all three exist (a retry replays the
-// response) or none does (the claim's lease runs out and a retry takes it
-// over).
+// The claim, the business row, its outbox event and the key's SUCCESS with
+// the stored response commit in one transaction, whose advisory lock on
+// the key answers concurrent duplicates 409 at once. However the request
+// ends, either all of it exists (a retry replays the response) or none of
+// it does (a retry runs at once): a request cut off by a database restart
+// or a lost connection leaves no claim behind.
 func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, user, key string, payload []byte, op operation) {
 	norm, err := normalize(payload)
 	if err != nil {
@@ -39,11 +40,17 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, user, key st
 	}
 	hash := requestHash(r.Method, r.URL.Path, norm)
 	// The write must finish or fail on its own terms even if the client
-	// hangs up, or its key would sit in PROCESSING until the lease ends.
+	// hangs up, so a retry finds a settled key.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.keys.lease)
 	defer cancel()
 
-	c, err := s.keys.Claim(ctx, user, key, r.Method, r.URL.Path, hash)
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		s.internal(w, r, "claim idempotency key", err)
+		return
+	}
+	defer tx.Rollback(ctx)
+	c, err := s.keys.claimIn(ctx, tx, user, key, r.Method, r.URL.Path, hash)
 	if err != nil {
 		s.internal(w, r, "claim idempotency key", err)
 		return
@@ -70,27 +77,27 @@ func (s *Server) idempotent(w http.ResponseWriter, r *http.Request, user, key st
 		return
 	}
 
-	res, body, err := s.commit(ctx, user, key, c.token, op)
+	res, body, err := s.apply(ctx, tx, user, key, c.token, op)
 	var apiErr *APIError
-	switch {
-	case errors.Is(err, ErrLeaseLost):
-		writeError(w, &APIError{Status: http.StatusConflict, Field: HeaderIdempotencyKey,
-			Message: "this request took too long and another request with the same key took over; retry with the same key"})
-		return
-	case errors.As(err, &apiErr):
+	if errors.As(err, &apiErr) {
 		b, _ := json.Marshal(apiErr)
-		if ferr := s.keys.fail(ctx, user, key, c.token, apiErr.Status, b); ferr != nil {
-			s.log.Error("mark idempotency key failed", "user", user, "err", ferr)
+		err = s.keys.fail(ctx, tx, user, key, c.token, apiErr.Status, b)
+		if err == nil {
+			err = tx.Commit(ctx)
+		}
+		if err != nil {
+			s.log.Error("mark idempotency key failed", "user", user, "err", err)
 		}
 		writeError(w, apiErr)
 		return
-	case err != nil:
-		b := []byte(`{"error":"internal error; nothing was written, retry with the same key"}`)
-		if ferr := s.keys.fail(ctx, user, key, c.token, http.StatusInternalServerError, b); ferr != nil {
-			s.log.Error("mark idempotency key failed", "user", user, "err", ferr)
-		}
+	}
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		// Rolled back with the claim: the key is as before this request.
 		s.log.Error("write failed", "method", r.Method, "path", r.URL.Path, "user", user, "err", err)
-		writeRaw(w, http.StatusInternalServerError, b)
+		writeRaw(w, http.StatusInternalServerError, []byte(`{"error":"internal error; nothing was written, retry with the same key"}`))
 		return
 	}
 	if s.afterCommit != nil {
@@ -108,17 +115,15 @@ func writeResult(w http.ResponseWriter, status int, resource string, body []byte
 	writeRaw(w, status, body)
 }
 
-// commit runs op and completes the key in one transaction.
-func (s *Server) commit(ctx context.Context, user, key, token string, op operation) (result, []byte, error) {
-	tx, err := s.pool.Begin(ctx)
+// apply runs op under a savepoint of tx, so that a business refusal rolls
+// back the operation but not the claim, and completes the key.
+func (s *Server) apply(ctx context.Context, tx pgx.Tx, user, key, token string, op operation) (result, []byte, error) {
+	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return result{}, nil, err
 	}
-	defer tx.Rollback(ctx)
-	if err := s.keys.hold(ctx, tx, user, key, token); err != nil {
-		return result{}, nil, err
-	}
-	res, err := op(ctx, tx)
+	defer sp.Rollback(ctx)
+	res, err := op(ctx, sp)
 	if err != nil {
 		return result{}, nil, err
 	}
@@ -126,10 +131,10 @@ func (s *Server) commit(ctx context.Context, user, key, token string, op operati
 	if err != nil {
 		return result{}, nil, err
 	}
-	if err := s.keys.succeed(ctx, tx, user, key, token, res.status, body, res.resource); err != nil {
+	if err := s.keys.succeed(ctx, sp, user, key, token, res.status, body, res.resource); err != nil {
 		return result{}, nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := sp.Commit(ctx); err != nil {
 		return result{}, nil, err
 	}
 	return res, body, nil

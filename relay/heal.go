@@ -1,0 +1,152 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The relay outlives its database sessions. A PostgreSQL restart, a
+// failover or pg_terminate_backend ends every session, and with the
+// session that held it the stream's advisory lock: the relay then stops
+// delivering, drops leadership, reconnects with backoff, takes the lock
+// again (unless a standby was faster) and resumes from the stored
+// position. What was delivered after that position is delivered again,
+// which the idempotent sink absorbs; progress never advances past a write
+// that failed. Only what a reconnect cannot fix stops the relay: a
+// progress row or position that disagrees with the configuration or the
+// database (*PositionError, a missing progress row, a changed partition).
+
+// SessionLostError means the session holding a stream's lock ended; the
+// stream is given up and contended for again.
+type SessionLostError struct {
+	Stream string
+	Err    error
+}
+
+func (e *SessionLostError) Error() string {
+	return fmt.Sprintf("relay: stream %s: lost the database session holding its lock: %v", e.Stream, e.Err)
+}
+
+func (e *SessionLostError) Unwrap() error { return e.Err }
+
+// sessionLost reports whether err came with the loss of conn: the server
+// or the network ended the session (pgx closes a connection on any such
+// failure, and on a query cut short by a timeout). An error on a session
+// that is still open is a genuine answer from the database and is not
+// healed by reconnecting.
+func sessionLost(conn *pgx.Conn, err error) bool {
+	var sl *SessionLostError
+	return err != nil && (errors.As(err, &sl) || conn.IsClosed())
+}
+
+// heartbeat checks that the session holding the stream's lock is alive.
+// An idle leader sends nothing else on it, so without this it would call
+// itself leader long after a restart gave its lock to nobody (or to a
+// standby). It outlives shutdown's cancellation: a ping cut short would
+// close the session that must still store the final position.
+func (w *streamWriter) heartbeat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.r.cfg.LeaseInterval)
+	defer cancel()
+	if err := w.conn.Ping(ctx); err != nil {
+		w.r.log.Warn("relay: the session holding the stream's lock is gone; giving up leadership", "stream", w.stream.Name, "err", err)
+		return &SessionLostError{Stream: w.stream.Name, Err: err}
+	}
+	return nil
+}
+
+// heartbeatInterval pings the lock's session twice per lease interval, so
+// a lost lock is noticed within one interval.
+func (c *Config) heartbeatInterval() time.Duration { return c.LeaseInterval / 2 }
+
+// retryWait is how long contend waits before its next attempt: one lease
+// interval (jittered) normally; after connection failures an exponential
+// backoff from BackoffBase, capped at the lease interval so that the relay
+// is back within about one interval of the server answering again.
+func (r *Relay) retryWait(failures int) time.Duration {
+	if failures == 0 {
+		return jitter(r.cfg.LeaseInterval)
+	}
+	return backoff(r.cfg.BackoffBase, r.cfg.LeaseInterval, failures-1)
+}
+
+// membership is this process's shared lock on the relays' member key, on a
+// session of its own. When that session dies with the server the lock goes
+// with it; counting rejoins, so that the other relays keep counting this
+// one and the partitions stay fairly shared after a restart.
+type membership struct {
+	r    *Relay
+	mu   sync.Mutex // serializes use of conn
+	conn *pgx.Conn
+}
+
+func (m *membership) join(ctx context.Context) error {
+	conn, err := m.r.connect(ctx)
+	if err != nil {
+		return err
+	}
+	if err := joinMembers(ctx, conn, m.r.member); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return fmt.Errorf("relay: join relays: %w", err)
+	}
+	m.conn = conn
+	return nil
+}
+
+// count returns the number of live relays on the schema, rejoining first
+// when this process's own membership session is gone.
+func (m *membership) count(ctx context.Context) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conn == nil || m.conn.IsClosed() {
+		if err := m.join(ctx); err != nil {
+			return 0, err
+		}
+		m.r.log.Info("relay: rejoined the relays after losing the database session")
+	}
+	return countMembers(ctx, m.conn, m.r.member)
+}
+
+func (m *membership) close(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.conn != nil {
+		m.conn.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// setReconnecting records why this process cannot contend for stream now
+// (its session was lost; connecting or asking for the lock failed), or
+// with nil that it can again: a lock attempt got an answer, taken or not.
+func (r *Relay) setReconnecting(stream string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reconnecting == nil {
+		r.reconnecting = map[string]error{}
+	}
+	if err == nil {
+		delete(r.reconnecting, stream)
+		return
+	}
+	r.reconnecting[stream] = err
+}
+
+// Health fails while some stream has neither a leader's nor a standby's
+// session in this process: it lost it (a PostgreSQL restart, a killed
+// session) and has not got a new one yet. For readiness checks; a healthy
+// process may still lead nothing.
+func (r *Relay) Health() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	for _, s := range r.cfg.Streams {
+		if err := r.reconnecting[s.Name]; err != nil {
+			errs = append(errs, fmt.Errorf("stream %s: no database session, reconnecting: %w", s.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
