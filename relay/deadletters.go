@@ -39,6 +39,7 @@ type DeadLetter struct {
 	EventType     string          `json:"event_type,omitempty"`
 	Headers       json.RawMessage `json:"headers,omitempty"`
 	OccurredAt    time.Time       `json:"occurred_at"`
+	Kind          string          `json:"kind"` // KindRejected or KindGaveUp
 	Reason        string          `json:"reason"`
 	Attempts      int             `json:"attempts"`
 	FirstFailedAt time.Time       `json:"first_failed_at"`
@@ -48,6 +49,12 @@ type DeadLetter struct {
 	ResolvedBy    string          `json:"resolved_by,omitempty"`
 }
 
+// Kinds of dead letters: why an event was parked.
+const (
+	KindRejected = "rejected" // the sink will never accept the event as it is
+	KindGaveUp   = "gave_up"  // transient failures past Config.MaxAttempts
+)
+
 // DeadLetterFilter selects dead letters. Empty fields do not filter.
 //
 // For ListDeadLetters, Status "" means every status, AfterID and Limit page
@@ -55,7 +62,7 @@ type DeadLetter struct {
 //
 // For RetryDeadLetters and DiscardDeadLetters only parked dead letters are
 // ever touched, and the filter must select something on purpose: IDs, Index,
-// SourceID or ReasonContains, or All, so an empty filter never resolves the
+// SourceID, ReasonContains or Kind, or All, so an empty filter never resolves the
 // whole table by accident.
 type DeadLetterFilter struct {
 	IDs            []int64 `json:"ids,omitempty"`
@@ -63,6 +70,7 @@ type DeadLetterFilter struct {
 	Status         string  `json:"status,omitempty"`
 	SourceID       string  `json:"source_id,omitempty"`
 	ReasonContains string  `json:"reason_contains,omitempty"`
+	Kind           string  `json:"kind,omitempty"` // KindRejected or KindGaveUp
 	All            bool    `json:"all,omitempty"`
 	AfterID        int64   `json:"after_id,omitempty"`
 	Limit          int     `json:"limit,omitempty"`
@@ -76,7 +84,7 @@ type Beginner interface {
 }
 
 const deadLetterColumns = `id, event_id, stream, index_name, source_id, version, op, document, event_type, headers,
-	occurred_at, reason, attempts, first_failed_at, last_failed_at, status, resolved_at, resolved_by`
+	occurred_at, reason, attempts, first_failed_at, last_failed_at, status, resolved_at, resolved_by, kind`
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var d DeadLetter
@@ -84,7 +92,7 @@ func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var eventType, resolvedBy *string
 	var doc, headers []byte
 	err := row.Scan(&d.ID, &d.EventID, &d.Stream, &d.Index, &d.SourceID, &d.Version, &op, &doc, &eventType, &headers,
-		&d.OccurredAt, &d.Reason, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.Status, &d.ResolvedAt, &resolvedBy)
+		&d.OccurredAt, &d.Reason, &d.Attempts, &d.FirstFailedAt, &d.LastFailedAt, &d.Status, &d.ResolvedAt, &resolvedBy, &d.Kind)
 	d.Op = outbox.Op(op)
 	d.Document, d.Headers = doc, headers
 	if eventType != nil {
@@ -124,6 +132,9 @@ func (f *DeadLetterFilter) where() (string, []any, error) {
 	}
 	if f.SourceID != "" {
 		add("source_id = $?", f.SourceID)
+	}
+	if f.Kind != "" {
+		add("kind = $?", f.Kind)
 	}
 	if f.ReasonContains != "" {
 		add("strpos(lower(reason), lower($?)) > 0", f.ReasonContains)
@@ -217,7 +228,7 @@ func resolveDeadLetters(ctx context.Context, db Beginner, schemaName string, f D
 		return fail(errors.New("operator: must name who acts (it goes to audit_log)"))
 	case f.Status != "" && f.Status != DeadLetterParked:
 		return fail(fmt.Errorf("status: only parked dead letters can be resolved, got %q", f.Status))
-	case !f.All && len(f.IDs) == 0 && f.Index == "" && f.SourceID == "" && f.ReasonContains == "":
+	case !f.All && len(f.IDs) == 0 && f.Index == "" && f.SourceID == "" && f.ReasonContains == "" && f.Kind == "":
 		return fail(errors.New("select dead letters by ids, index, source id or reason, or set All"))
 	}
 	sel := f
@@ -286,6 +297,7 @@ RETURNING id`, ids)
 // deadLetter is an event the relay gave up on, with why.
 type deadLetter struct {
 	event    outbox.Event
+	kind     string // KindRejected or KindGaveUp
 	reason   string
 	attempts int
 	first    time.Time
@@ -300,11 +312,11 @@ func parkDeadLetters(ctx context.Context, tx pgx.Tx, schemaName, stream string, 
 	for i, d := range dead {
 		e := d.event
 		rows[i] = []any{e.ID, stream, e.IndexName, e.SourceID, e.Version, string(e.Op), nullable(e.Document),
-			nullString(e.EventType), nullable(e.Headers), e.OccurredAt, d.reason, d.attempts, d.first, d.last}
+			nullString(e.EventType), nullable(e.Headers), e.OccurredAt, d.reason, d.attempts, d.first, d.last, d.kind}
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{schemaName, "dead_letters"},
 		[]string{"event_id", "stream", "index_name", "source_id", "version", "op", "document", "event_type", "headers",
-			"occurred_at", "reason", "attempts", "first_failed_at", "last_failed_at"},
+			"occurred_at", "reason", "attempts", "first_failed_at", "last_failed_at", "kind"},
 		pgx.CopyFromRows(rows))
 	return err
 }

@@ -126,7 +126,7 @@ func TestDeadLetterList(t *testing.T) {
 		}
 		d := dls[0]
 		if d.Index != "shop" || d.Version != 2 || d.Op != outbox.OpUpsert || d.Status != relay.DeadLetterParked || d.EventType != "product.updated" ||
-			!strings.Contains(d.Reason, "mapper_parsing_exception") || string(d.Headers) != `{"trace": "abc"}` || d.Stream != "default" {
+			!strings.Contains(d.Reason, "mapper_parsing_exception") || string(d.Headers) != `{"trace": "abc"}` || d.Stream != "default" || d.Kind != relay.KindRejected {
 			t.Fatalf("dead letter = %+v (headers %s)", d, d.Headers)
 		}
 		got, err := relay.GetDeadLetter(ctx, e.pool, e.schema, d.ID)
@@ -134,12 +134,15 @@ func TestDeadLetterList(t *testing.T) {
 			t.Fatalf("get: %+v, %v", got, err)
 		}
 	})
-	t.Run("filters by index and reason, paginated in id order", func(t *testing.T) {
+	t.Run("filters by index, reason and kind, paginated in id order", func(t *testing.T) {
 		if n := len(e.list(t, relay.DeadLetterFilter{Index: "shop"})); n != 3 {
 			t.Fatalf("index shop: %d", n)
 		}
 		if n := len(e.list(t, relay.DeadLetterFilter{ReasonContains: "MAPPER_parsing"})); n != 4 {
 			t.Fatalf("reason (any case): %d", n)
+		}
+		if n, m := len(e.list(t, relay.DeadLetterFilter{Kind: relay.KindRejected})), len(e.list(t, relay.DeadLetterFilter{Kind: relay.KindGaveUp})); n != 4 || m != 0 {
+			t.Fatalf("kind rejected: %d, gave_up: %d", n, m)
 		}
 		page1 := e.list(t, relay.DeadLetterFilter{Limit: 2})
 		page2 := e.list(t, relay.DeadLetterFilter{Limit: 2, AfterID: page1[1].ID})

@@ -265,7 +265,7 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 				lag.Observe(now.Sub(e.CreatedAt).Seconds())
 			case outbox.Rejected:
 				counts[[2]string{e.IndexName, "rejected"}]++
-				dead = append(dead, deadLetter{event: e, reason: o.Reason, attempts: attempts[e.ID] + 1, first: firstOr(firsts, e.ID, now), last: now})
+				dead = append(dead, deadLetter{event: e, kind: KindRejected, reason: o.Reason, attempts: attempts[e.ID] + 1, first: firstOr(firsts, e.ID, now), last: now})
 			default: // Retry, or a sink that forgot to say
 				reason := o.Reason
 				if o.Status != outbox.Retry {
@@ -282,7 +282,7 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 					firsts[e.ID] = now
 				}
 				if attempts[e.ID] >= cfg.MaxAttempts {
-					dead = append(dead, deadLetter{event: e, reason: fmt.Sprintf("gave up after %d attempts: %s", attempts[e.ID], reason),
+					dead = append(dead, deadLetter{event: e, kind: KindGaveUp, reason: fmt.Sprintf("gave up after %d attempts: %s", attempts[e.ID], reason),
 						attempts: attempts[e.ID], first: firsts[e.ID], last: now})
 					continue
 				}

@@ -90,13 +90,13 @@ func TestRelayFailures(t *testing.T) {
 		start(t, cfg)
 		ids := e.append(t, 3)
 		schematest.Eventually(t, 10*time.Second, "backlog drained", func() bool { return sink.has(ids[2]) && e.backlog(t) == 0 })
-		var reason string
+		var reason, kind string
 		var attempts int
-		if err := e.pool.QueryRow(context.Background(), `SELECT reason, attempts FROM "`+e.schema+`".dead_letters WHERE source_id = 's1'`).Scan(&reason, &attempts); err != nil {
+		if err := e.pool.QueryRow(context.Background(), `SELECT reason, attempts, kind FROM "`+e.schema+`".dead_letters WHERE source_id = 's1'`).Scan(&reason, &attempts, &kind); err != nil {
 			t.Fatal(err)
 		}
-		if attempts != 4 || tries.Load() != 4 || !strings.Contains(reason, "gave up after 4 attempts") {
-			t.Fatalf("attempts=%d tries=%d reason=%q", attempts, tries.Load(), reason)
+		if attempts != 4 || tries.Load() != 4 || !strings.Contains(reason, "gave up after 4 attempts") || kind != relay.KindGaveUp {
+			t.Fatalf("attempts=%d tries=%d reason=%q kind=%q", attempts, tries.Load(), reason, kind)
 		}
 	})
 

@@ -94,6 +94,7 @@ func parseDeadLetters(args []string) (*dlArgs, error) {
 	fs.StringVar(&f.Index, "index", "", "only dead letters of this index")
 	fs.StringVar(&f.SourceID, "source-id", "", "only dead letters of this source id")
 	fs.StringVar(&f.ReasonContains, "reason", "", "only dead letters whose reason contains this text (any case)")
+	fs.StringVar(&f.Kind, "kind", "", "only dead letters of this kind: rejected (the index refused the event) or gave_up (transient failures past the attempt limit)")
 	status := "parked"
 	switch action {
 	case "list":
@@ -119,14 +120,17 @@ func parseDeadLetters(args []string) (*dlArgs, error) {
 	default:
 		return nil, fmt.Errorf("status: must be parked, retried, discarded or all, got %q", status)
 	}
+	if f.Kind != "" && f.Kind != relay.KindRejected && f.Kind != relay.KindGaveUp {
+		return nil, fmt.Errorf("kind: must be %s or %s, got %q", relay.KindRejected, relay.KindGaveUp, f.Kind)
+	}
 	if action == "list" && f.Limit <= 0 {
 		return nil, fmt.Errorf("limit: must be > 0, got %d", f.Limit)
 	}
 	if action == "show" && len(ids) == 0 {
 		return nil, errors.New("id: show needs --id")
 	}
-	if (action == "retry" || action == "discard") && !f.All && len(ids) == 0 && f.Index == "" && f.SourceID == "" && f.ReasonContains == "" {
-		return nil, fmt.Errorf("%s: select dead letters with --id, --index, --source-id or --reason, or pass --all", action)
+	if (action == "retry" || action == "discard") && !f.All && len(ids) == 0 && f.Index == "" && f.SourceID == "" && f.ReasonContains == "" && f.Kind == "" {
+		return nil, fmt.Errorf("%s: select dead letters with --id, --index, --source-id, --reason or --kind, or pass --all", action)
 	}
 	if action == "retry" || action == "discard" {
 		var err error
@@ -277,6 +281,7 @@ func printDeadLetter(out io.Writer, d *relay.DeadLetter) {
 	row("attempts", d.Attempts)
 	row("first failed", d.FirstFailedAt.Format(time.RFC3339))
 	row("last failed", d.LastFailedAt.Format(time.RFC3339))
+	row("kind", d.Kind)
 	row("reason", d.Reason)
 	tw.Flush()
 	if len(d.Headers) > 0 {

@@ -268,7 +268,7 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		return err
 	}
 	if err := s.Add("deadletter-retry", f.deadletterRetrySchedule, func(ctx context.Context) error {
-		n, err := relay.RetryDeadLetters(ctx, pool, schemaName, relay.DeadLetterFilter{ReasonContains: "gave up after"}, "scheduler")
+		n, err := relay.RetryDeadLetters(ctx, pool, schemaName, relay.DeadLetterFilter{Kind: relay.KindGaveUp}, "scheduler")
 		if n > 0 {
 			slog.Info("dead letters re-queued", "count", n)
 		}
