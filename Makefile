@@ -31,7 +31,8 @@ services-status: ## Show whether the local servers are running, with URLs
 
 test: ## Full suite (race detector) against real servers; starts them first
 	scripts/services up
-	scripts/install-chromium
+	@# Chromium only when a selected package has a browser test.
+	@if go list -f '{{.Dir}}' $(PKGS) | (while read -r d; do grep -qsi chromium "$$d"/*_test.go && exit 0; done; exit 1); then scripts/install-chromium; fi
 	eval "$$(scripts/services env)" && go test -race -count=1 -timeout 40m $(TESTFLAGS) $(PKGS)
 	@# These stop and start Elasticsearch and PostgreSQL, so they run alone,
 	@# after the rest, and only against the servers scripts/services manages.
@@ -49,18 +50,18 @@ test-unit: ## Unit tests only, no servers needed
 # may hold deliberately odd files).
 vet: ## go vet + gofmt check
 	go vet ./...
+	go vet -tags restart ./...
+	scripts/check-docs
 	@files="$$(find . \( -name '.?*' -o -name testdata \) -prune -o -type f -name '*.go' -print)"; \
 	unformatted="$$(if [[ -n $$files ]]; then gofmt -l $$files; fi)"; \
 	if [[ -n $$unformatted ]]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 
 demo: ## Start the servers, build bin/outboxd and bin/tutorials (examples/tutorials) and run scripts/demo
 	scripts/services up
-	@if [[ -x scripts/demo ]]; then eval "$$(scripts/services env)" && scripts/demo; \
-	else echo "scripts/demo does not exist yet"; fi
+	eval "$$(scripts/services env)" && scripts/demo
 
 bench: ## Run scripts/bench
-	@if [[ -x scripts/bench ]]; then eval "$$(scripts/services env)" && scripts/bench; \
-	else echo "scripts/bench does not exist yet"; fi
+	scripts/bench
 
 clean: ## Remove build output (bin/)
 	rm -rf bin/

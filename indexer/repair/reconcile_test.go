@@ -14,7 +14,7 @@ import (
 )
 
 // seedReconcile writes one source table and one index family that
-// disagree in every way the issue lists.
+// disagree in every way reconcile reports.
 //
 //	ok     source v2, index v2                     no drift
 //	miss   source v1, not in the index             missing: upsert at 1

@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-// seedDuplicates writes the cases into a two-index family:
+// seedDuplicates writes the duplicate cases repair handles into a two-index family:
 //
 //	s1  the same source_id under random _ids, versions 1, 3 and 2 (legacy)
 //	s2  a live duplicate whose newer copy (at _id s2) is a tombstone

@@ -1,7 +1,7 @@
 // Command benchharness measures the relay and the Elasticsearch sink
 // against baselines run in the same process on the same machine: it
-// prints numbers and ratios, never pass/fail except the goal marks of
-// issues 4 and 5. scripts/bench is its entry point; docs/benchmarks.md
+// prints numbers and ratios, never pass/fail except the [met]/[MISSED]
+// marks of the project's goals. scripts/bench is its entry point; docs/benchmarks.md
 // records a run.
 //
 // Usage:

@@ -74,7 +74,7 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.walN, "wal-n", 200_000, "wal: backlog size")
 	num(&c.walRepeat, "wal-repeat", 3, "wal: drains of the same backlog; the minimum is reported (other writers only add WAL)")
 	num(&c.latRate, "lat-rate", 1000, "latency: events per second, one per transaction")
-	dur(&c.latDuration, "lat-duration", 20*time.Second, "latency: measured time per phase (the issue's recorded run: 60s)")
+	dur(&c.latDuration, "lat-duration", 20*time.Second, "latency: measured time per phase (the recorded run: 60s)")
 	dur(&c.latWarmup, "lat-warmup", 2*time.Second, "latency: events produced before measuring")
 	num(&c.latWorkers, "lat-workers", 24, "latency: producer connections the paced ticker hands events to")
 	str(&c.rssSizes, "rss-sizes", "200000,1000000", "rss: backlog sizes drained by a relay child process (recorded run: 1000000,5000000)")
