@@ -33,25 +33,27 @@ type ClientConfig struct {
 	Timeout                time.Duration // bounds each request as a whole, connecting included; 0 means 30s
 }
 
-// ClientConfigFromEnv reads ELASTICSEARCH_URL (comma-separated nodes),
+// ClientConfigFrom reads the connection settings through getenv: the
+// variables ELASTICSEARCH_URL (comma-separated nodes),
 // ELASTICSEARCH_USERNAME, ELASTICSEARCH_PASSWORD, ELASTICSEARCH_API_KEY,
-// ELASTICSEARCH_CA_CERT (a file), ELASTICSEARCH_CLIENT_CERT and
-// ELASTICSEARCH_CLIENT_KEY (files), ELASTICSEARCH_CERT_FINGERPRINT and
-// ELASTICSEARCH_TIMEOUT (a Go duration).
-func ClientConfigFromEnv() (ClientConfig, error) {
+// ELASTICSEARCH_CA_CERT, ELASTICSEARCH_CLIENT_CERT, ELASTICSEARCH_CLIENT_KEY,
+// ELASTICSEARCH_CERT_FINGERPRINT and ELASTICSEARCH_TIMEOUT. The package
+// never reads the environment itself: a command passes os.Getenv, a test a
+// map's lookup.
+func ClientConfigFrom(getenv func(key string) string) (ClientConfig, error) {
 	c := ClientConfig{
-		Username:               os.Getenv("ELASTICSEARCH_USERNAME"),
-		Password:               os.Getenv("ELASTICSEARCH_PASSWORD"),
-		APIKey:                 os.Getenv("ELASTICSEARCH_API_KEY"),
-		CACertPath:             os.Getenv("ELASTICSEARCH_CA_CERT"),
-		ClientCertPath:         os.Getenv("ELASTICSEARCH_CLIENT_CERT"),
-		ClientKeyPath:          os.Getenv("ELASTICSEARCH_CLIENT_KEY"),
-		CertificateFingerprint: os.Getenv("ELASTICSEARCH_CERT_FINGERPRINT"),
+		Username:               getenv("ELASTICSEARCH_USERNAME"),
+		Password:               getenv("ELASTICSEARCH_PASSWORD"),
+		APIKey:                 getenv("ELASTICSEARCH_API_KEY"),
+		CACertPath:             getenv("ELASTICSEARCH_CA_CERT"),
+		ClientCertPath:         getenv("ELASTICSEARCH_CLIENT_CERT"),
+		ClientKeyPath:          getenv("ELASTICSEARCH_CLIENT_KEY"),
+		CertificateFingerprint: getenv("ELASTICSEARCH_CERT_FINGERPRINT"),
 	}
-	if u := os.Getenv("ELASTICSEARCH_URL"); u != "" {
+	if u := getenv("ELASTICSEARCH_URL"); u != "" {
 		c.Addresses = SplitAddresses(u)
 	}
-	if t := os.Getenv("ELASTICSEARCH_TIMEOUT"); t != "" {
+	if t := getenv("ELASTICSEARCH_TIMEOUT"); t != "" {
 		d, err := time.ParseDuration(t)
 		if err != nil {
 			return c, fmt.Errorf("ELASTICSEARCH_TIMEOUT: %q is not a duration (e.g. 30s): %w", t, err)
@@ -107,7 +109,7 @@ func redactURLs(addrs []string) []string {
 // backoff.
 func NewClient(c ClientConfig) (*elasticsearch.Client, error) {
 	if len(c.Addresses) == 0 {
-		return nil, fmt.Errorf("indexer: addresses: no Elasticsearch URL (set ELASTICSEARCH_URL or --elasticsearch-url)")
+		return nil, fmt.Errorf("indexer: addresses: no Elasticsearch URL given")
 	}
 	timeout := c.Timeout
 	if timeout < 0 {
@@ -208,7 +210,7 @@ func (d deadlineTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		timedOut := req.Context().Err() == nil && (ctx.Err() != nil || errors.As(err, &ne) && ne.Timeout())
 		cancel()
 		if timedOut {
-			return nil, fmt.Errorf("no answer within %s (ELASTICSEARCH_TIMEOUT, --elasticsearch-timeout): %w", d.timeout, err)
+			return nil, fmt.Errorf("no answer within the client timeout of %s: %w", d.timeout, err)
 		}
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 )
@@ -41,7 +42,7 @@ func TestGuaranteeClientConfigStringRedactsSecrets(t *testing.T) {
 		t.Setenv("ELASTICSEARCH_URL", "http://elastic:pw-env-url@127.0.0.1:9200")
 		t.Setenv("ELASTICSEARCH_USERNAME", "elastic")
 		t.Setenv("ELASTICSEARCH_PASSWORD", "pw-env-field")
-		c, err := ClientConfigFromEnv()
+		c, err := ClientConfigFrom(os.Getenv)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -44,7 +44,7 @@ type Sink struct {
 	mu   sync.Mutex
 	boot map[string]*bootEntry
 
-	verMu sync.Mutex
+	verMu chan struct{} // a lock a waiting Write can give up on at its deadline
 	ver   serverVersion // zero until detected
 }
 
@@ -74,6 +74,7 @@ func NewSink(o Options) (*Sink, error) {
 		spec:     spec,
 		logger:   o.Logger,
 		boot:     make(map[string]*bootEntry),
+		verMu:    make(chan struct{}, 1),
 		now:      time.Now,
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "outboxd_bulk_request_seconds",

@@ -97,8 +97,14 @@ func detectVersion(ctx context.Context, es esapi.Transport) (serverVersion, erro
 // configuration error makes the sink ask again (see forgetVersion), so an
 // upgrade or a fixed proxy is picked up without a restart.
 func (s *Sink) version(ctx context.Context) (serverVersion, error) {
-	s.verMu.Lock()
-	defer s.verMu.Unlock()
+	// Another Write may be asking a node that does not answer; this one
+	// must still return by its own deadline.
+	select {
+	case s.verMu <- struct{}{}:
+	case <-ctx.Done():
+		return serverVersion{}, &UnavailableError{Err: fmt.Errorf("indexer: waiting for another write's version request: %w", ctx.Err())}
+	}
+	defer func() { <-s.verMu }()
 	if s.ver.number != "" {
 		return s.ver, nil
 	}
@@ -124,7 +130,7 @@ func (s *Sink) version(ctx context.Context) (serverVersion, error) {
 }
 
 func (s *Sink) forgetVersion() {
-	s.verMu.Lock()
+	s.verMu <- struct{}{}
 	s.ver = serverVersion{}
-	s.verMu.Unlock()
+	<-s.verMu
 }

@@ -75,15 +75,16 @@ func (f *esFlags) config() (indexer.ClientConfig, error) {
 	if f.timeout <= 0 {
 		return indexer.ClientConfig{}, fmt.Errorf("elasticsearch-timeout: must be > 0, got %v", f.timeout)
 	}
-	return indexer.ClientConfig{
-		Addresses:              indexer.SplitAddresses(f.urls),
-		Username:               os.Getenv("ELASTICSEARCH_USERNAME"),
-		Password:               os.Getenv("ELASTICSEARCH_PASSWORD"),
-		APIKey:                 os.Getenv("ELASTICSEARCH_API_KEY"),
-		CACertPath:             os.Getenv("ELASTICSEARCH_CA_CERT"),
-		CertificateFingerprint: os.Getenv("ELASTICSEARCH_CERT_FINGERPRINT"),
-		Timeout:                f.timeout,
-	}, nil
+	// Credentials and TLS files come only from the environment; the nodes
+	// and the timeout from the flags, which parseFlags filled from it.
+	c, err := indexer.ClientConfigFrom(func(key string) string {
+		if key == "ELASTICSEARCH_URL" || key == "ELASTICSEARCH_TIMEOUT" {
+			return ""
+		}
+		return os.Getenv(key)
+	})
+	c.Addresses, c.Timeout = indexer.SplitAddresses(f.urls), f.timeout
+	return c, err
 }
 
 func (f *esFlags) client() (*elasticsearch.Client, error) {

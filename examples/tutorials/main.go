@@ -101,7 +101,7 @@ func (f *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 }
 
 // esFlags name the Elasticsearch cluster search reads from; credentials
-// come from the environment (see indexer.ClientConfigFromEnv).
+// come from the environment (see indexer.ClientConfigFrom).
 type esFlags struct{ urls string }
 
 func addESFlags(fs *flag.FlagSet) *esFlags {
@@ -111,7 +111,7 @@ func addESFlags(fs *flag.FlagSet) *esFlags {
 }
 
 func (f *esFlags) client() (*elasticsearch.Client, error) {
-	c, err := indexer.ClientConfigFromEnv()
+	c, err := indexer.ClientConfigFrom(os.Getenv)
 	if err != nil {
 		return nil, err
 	}

@@ -57,7 +57,7 @@ func newBench(ctx context.Context, cfg *config) (*bench, error) {
 	}
 	b := &bench{cfg: cfg, url: url, pool: pool, rep: newReport(), self: self}
 	if os.Getenv("ELASTICSEARCH_URL") != "" {
-		ec, err := indexer.ClientConfigFromEnv()
+		ec, err := indexer.ClientConfigFrom(os.Getenv)
 		if err != nil {
 			pool.Close()
 			return nil, err
