@@ -49,8 +49,14 @@ func sessionLost(conn *pgx.Conn, err error) bool {
 // itself leader long after a restart gave its lock to nobody (or to a
 // standby). It outlives shutdown's cancellation: a ping cut short would
 // close the session that must still store the final position.
+//
+// A lost session fails the ping at once (the server or the network closed
+// it); the timeout only bounds a network that swallows packets. It is at
+// least heartbeatTimeout, because pgx closes a session whose ping times out:
+// a ping that is merely slow on a loaded machine must not give up a healthy
+// leadership and replay the stream.
 func (w *streamWriter) heartbeat(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.r.cfg.LeaseInterval)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(w.r.cfg.LeaseInterval, heartbeatTimeout))
 	defer cancel()
 	if err := w.conn.Ping(ctx); err != nil {
 		w.r.log.Warn("relay: the session holding the stream's lock is gone; giving up leadership", "stream", w.stream.Name, "err", err)
@@ -58,6 +64,8 @@ func (w *streamWriter) heartbeat(ctx context.Context) error {
 	}
 	return nil
 }
+
+const heartbeatTimeout = 2 * time.Second
 
 // heartbeatInterval pings the lock's session twice per lease interval, so
 // a lost lock is noticed within one interval.
