@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
@@ -50,17 +51,20 @@ func runMigrateIndex(ctx context.Context, args []string) error {
 	return errors.Join(errs...)
 }
 
-// upgradeLayouts brings every index outboxd manages to the current layout
-// when the relay starts, so N turns clean without waiting for an event.
-// It only logs: Elasticsearch may be down at start, and the sink upgrades
-// each name again on its first write.
-func upgradeLayouts(ctx context.Context, client *elasticsearch.Client, log *slog.Logger) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+// upgradeLayouts brings the indexes outboxd manages (only, when given,
+// those in only) to the current layout when the relay starts, so N turns
+// clean without waiting for an event. It only logs: Elasticsearch may be
+// down at start, and the sink upgrades each name again on its first write.
+func upgradeLayouts(ctx context.Context, client *elasticsearch.Client, only []string, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	names, err := indexer.ManagedIndexes(ctx, client)
 	if err != nil {
 		log.Warn("index layout upgrade skipped", "error", err.Error())
 		return
+	}
+	if len(only) > 0 {
+		names = slices.DeleteFunc(names, func(n string) bool { return !slices.Contains(only, n) })
 	}
 	for _, n := range names {
 		if changed, err := indexer.MigrateLayout(ctx, client, n); err != nil {

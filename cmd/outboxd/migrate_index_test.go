@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/schema/schematest"
@@ -52,6 +53,30 @@ func TestMigrateIndexCommand(t *testing.T) {
 	t.Run("migrate-index of a name that does not exist fails", func(t *testing.T) {
 		if err := runMigrateIndex(ctx, append(esArgs, "--index", name+"-nope")); err == nil || !strings.Contains(err.Error(), "no index or alias") {
 			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+func TestRelayUpgradesLayoutsAtStart(t *testing.T) {
+	t.Parallel()
+	e := cliSetup(t)
+	url := schematest.ElasticsearchURL(t)
+	es, err := indexer.NewClient(indexer.ClientConfig{Addresses: []string{url}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := schematest.Name("cli-up-")
+	t.Cleanup(func() { esDo(t, es, "DELETE", "/"+indexer.FirstIndex(name)+"?ignore_unavailable=true", "") })
+	esDo(t, es, "PUT", "/"+indexer.FirstIndex(name), `{"settings":{"number_of_replicas":0},"aliases":{"`+name+`":{"is_write_index":true},"`+indexer.ReadAlias(name)+`":{"filter":`+indexer.ReadFilter+`}}}`)
+	esDo(t, es, "PUT", "/"+name+"/_doc/gone?version=2&version_type=external&refresh=true", `{"outboxd_deleted":true}`)
+
+	t.Run("a relay started on an index of an earlier release upgrades it without any event to deliver", func(t *testing.T) {
+		startCommand(t, append([]string{"relay", "--elasticsearch-url", url, "--admin-addr", "", "--indexes", name, "--upgrade-layouts=true"}, e.dbArgs...)...)
+		schematest.Eventually(t, 20*time.Second, name+" hides the tombstone", func() bool {
+			return strings.Contains(string(esDo(t, es, "POST", "/"+name+"/_count", "")), `"count":0`)
+		})
+		if b := esDo(t, es, "POST", "/"+indexer.WriteAlias(name)+"/_count", ""); !strings.Contains(string(b), `"count":1`) {
+			t.Fatalf("the write alias: %s", b)
 		}
 	})
 }

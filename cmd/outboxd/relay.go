@@ -31,6 +31,7 @@ type relayFlags struct {
 	partitions   int
 	streamPrefix string
 	indexes      string
+	upgrade      bool
 
 	batchDocs, batchBytes, prefetch  int
 	inFlight                         int
@@ -71,6 +72,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.IntVar(&f.partitions, "partitions", 1, "split the outbox into N streams by hash of source_id; relays share them fairly")
 	fs.StringVar(&f.streamPrefix, "stream", "default", "stream name (prefix of partition names)")
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
+	fs.BoolVar(&f.upgrade, "upgrade-layouts", true, "at start, upgrade the indexes of earlier releases (those in --indexes, or every one outboxd manages) to the current alias layout, in the background")
 	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
 	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
 	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (memory: see --batch-bytes)")
@@ -148,7 +150,9 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	upgradeLayouts(ctx, client, log)
+	if f.upgrade {
+		go upgradeLayouts(ctx, client, indexer.SplitAddresses(f.indexes), log)
+	}
 	streams, err := relay.Partitions(f.streamPrefix, f.partitions)
 	if err != nil {
 		return err

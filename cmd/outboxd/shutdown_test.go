@@ -31,6 +31,10 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	// A relay started by these tests must not upgrade the layouts of the
+	// indexes other tests build on the shared Elasticsearch on purpose;
+	// TestRelayUpgradesLayoutsAtStart turns it on for its own index.
+	os.Setenv("OUTBOXD_UPGRADE_LAYOUTS", "false")
 	os.Exit(m.Run())
 }
 
