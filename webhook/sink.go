@@ -89,6 +89,9 @@ func (s *Sink) Destination() Destination { return s.dest }
 // relay is shutting down.
 func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	outs := make([]outbox.Outcome, len(events))
+	// Of several messages with one key in a page, the earliest reserves
+	// the key: the later ones wait for it and become its duplicates.
+	first := make(map[string]chan struct{}, len(events))
 	var wg sync.WaitGroup
 	for i := range events {
 		select {
@@ -100,9 +103,17 @@ func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outco
 			wg.Wait()
 			return outs, nil
 		}
+		before := first[events[i].SourceID]
+		mine := make(chan struct{})
+		if before == nil {
+			first[events[i].SourceID] = mine
+		}
 		wg.Add(1)
 		go func() {
-			defer func() { <-s.workers; wg.Done() }()
+			defer func() { close(mine); <-s.workers; wg.Done() }()
+			if before != nil {
+				<-before
+			}
 			outs[i] = s.deliver(ctx, &events[i])
 		}()
 	}
