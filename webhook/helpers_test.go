@@ -94,20 +94,20 @@ func destination(name, url string, idempotent bool) webhook.Destination {
 // the message namespace to the unrouted sink: what outboxd relay builds.
 func streams(pool *pgxpool.Pool, schemaName string, dests ...webhook.Destination) ([]relay.Stream, error) {
 	var out []relay.Stream
-	unrouted, err := webhook.NewUnroutedSink(pool, schemaName, nil)
-	if err != nil {
-		return nil, err
-	}
-	other := relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted}
+	var names []string
 	for _, d := range dests {
 		s, err := webhook.NewSink(webhook.Options{Pool: pool, Schema: schemaName, Destination: d})
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, relay.Stream{Name: "webhook-" + d.Name, BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: s})
-		other.Exclude = append(other.Exclude, outbox.MessageIndex(d.Name))
+		names = append(names, d.Name)
 	}
-	return append(out, other), nil
+	unrouted, err := webhook.NewUnroutedSink(pool, schemaName, names, nil)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted}), nil
 }
 
 // run starts a relay in this process for dests.

@@ -13,16 +13,20 @@ import (
 
 // UnroutedSink takes the messages for destinations this relay does not
 // know: each is recorded in the ledger as failed with the reason, never
-// sent. Give it a stream over outbox.MessagePrefix+"*" that excludes the
-// configured destinations. Once the destination is configured, an operator
-// sends such a message with outboxd deliveries resolve --retry.
+// sent. Give it a stream over all of outbox.MessagePrefix+"*": messages
+// for the configured destinations are left to their own streams (Stale
+// here). Its filter thus never changes when destinations are added or
+// removed. Once the destination is configured, an operator sends such a
+// message with outboxd deliveries resolve --retry.
 type UnroutedSink struct {
-	ledger  ledger
-	metrics *Metrics
+	ledger     ledger
+	configured map[string]bool
+	metrics    *Metrics
 }
 
-// NewUnroutedSink returns the sink for messages without a destination.
-func NewUnroutedSink(pool *pgxpool.Pool, schemaName string, m *Metrics) (*UnroutedSink, error) {
+// NewUnroutedSink returns the sink for messages whose destination is not
+// among configured.
+func NewUnroutedSink(pool *pgxpool.Pool, schemaName string, configured []string, m *Metrics) (*UnroutedSink, error) {
 	if pool == nil {
 		return nil, errors.New("webhook: unrouted sink: Pool is required")
 	}
@@ -33,7 +37,11 @@ func NewUnroutedSink(pool *pgxpool.Pool, schemaName string, m *Metrics) (*Unrout
 	if err != nil {
 		return nil, err
 	}
-	return &UnroutedSink{ledger: ledger{pool: pool, schema: id}, metrics: m}, nil
+	u := &UnroutedSink{ledger: ledger{pool: pool, schema: id}, configured: map[string]bool{}, metrics: m}
+	for _, c := range configured {
+		u.configured[c] = true
+	}
+	return u, nil
 }
 
 func (u *UnroutedSink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
@@ -42,6 +50,10 @@ func (u *UnroutedSink) Write(ctx context.Context, events []outbox.Event) ([]outb
 		dest, ok := outbox.MessageDestination(e.IndexName)
 		if !ok {
 			outs[i] = outbox.Outcome{Status: outbox.Rejected, Reason: fmt.Sprintf("index %q is not a message: check the stream's index filter", e.IndexName)}
+			continue
+		}
+		if u.configured[dest] {
+			outs[i] = outbox.Outcome{Status: outbox.Stale, Reason: "delivered by the destination's own stream"}
 			continue
 		}
 		ent, err := u.ledger.reserve(ctx, dest, e.SourceID, e.ID, e.Document, StateFailed,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,7 +20,10 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema"
+	"github.com/outboxd/outboxd/webhook"
 )
 
 func init() {
@@ -52,6 +56,17 @@ type relayFlags struct {
 	reconcileIndex          string
 	reconcileSQL            string
 	reconcileApply          bool
+	destinations            destinationFlags
+}
+
+// destinationFlags collects the repeatable --destination flag.
+type destinationFlags []string
+
+func (d *destinationFlags) String() string { return strings.Join(*d, " ") }
+
+func (d *destinationFlags) Set(v string) error {
+	*d = append(*d, v)
+	return nil
 }
 
 func runRelay(ctx context.Context, args []string) error {
@@ -94,6 +109,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.StringVar(&f.reconcileIndex, "reconcile-index", "", "index name the scheduled reconcile checks")
 	fs.StringVar(&f.reconcileSQL, "reconcile-sql", "", "SQL returning source_id, version, document for the scheduled reconcile")
 	fs.BoolVar(&f.reconcileApply, "reconcile-apply", false, "let the scheduled reconcile append fix events (default: report only)")
+	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -132,12 +148,18 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if f.indexes != "" {
-		idx := indexer.SplitAddresses(f.indexes)
-		for i := range streams {
-			streams[i].Indexes = idx
+	for i := range streams {
+		if f.indexes != "" {
+			streams[i].Indexes = indexer.SplitAddresses(f.indexes)
 		}
+		// Messages have sinks of their own; Elasticsearch never sees them.
+		streams[i].Exclude = []string{outbox.MessagePrefix + "*"}
 	}
+	hooks, err := messageStreams(pool, db.schema, f.destinations, reg, log)
+	if err != nil {
+		return err
+	}
+	streams = append(streams, hooks...)
 	r, err := relay.New(relay.Config{
 		Pool: pool, Schema: db.schema, Sink: sink, Streams: streams,
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
@@ -193,6 +215,45 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	log.Info("relay stopped")
 	return nil
+}
+
+// messageStreams gives each --destination a stream and sink of its own (a
+// slow receiver holds back only its own messages) and, when any is set, a
+// stream that fails the messages of destinations nobody configured. The
+// ledger's gauges go on /metrics.
+func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
+	id, err := schema.Ident(schemaName)
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(webhook.NewLedgerCollector(pool, id))
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	m := webhook.NewMetrics(reg)
+	var out []relay.Stream
+	var names []string
+	for _, spec := range specs {
+		d, err := webhook.ParseDestination(spec, nil)
+		if err != nil {
+			return nil, fmt.Errorf("destination: %w", err)
+		}
+		if slices.Contains(names, d.Name) {
+			return nil, fmt.Errorf("destination: %s: listed twice", d.Name)
+		}
+		sink, err := webhook.NewSink(webhook.Options{Pool: pool, Schema: schemaName, Destination: d, Metrics: m, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		log.Info("webhook destination", "destination", d.String())
+		names = append(names, d.Name)
+		out = append(out, relay.Stream{Name: "webhook-" + d.Name, BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink})
+	}
+	unrouted, err := webhook.NewUnroutedSink(pool, schemaName, names, m)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted}), nil
 }
 
 func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, schemaName string, f relayFlags) error {
