@@ -46,6 +46,8 @@ type Config struct {
 	// Gatherer, when set, is served on GET /metrics.
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
+	// WebhookSecret verifies POST /api/webhooks/{source}; empty disables it.
+	WebhookSecret []byte
 
 	// afterCommit runs after a write committed and before its response is
 	// written. Tests use it to simulate a crash in exactly that gap.
@@ -63,6 +65,9 @@ type Server struct {
 	metrics *metrics
 	log     *slog.Logger
 	handler http.Handler
+
+	notifications string // quoted schema.notifications
+	webhookSecret []byte
 
 	afterCommit func(r *http.Request)
 }
@@ -120,6 +125,9 @@ func New(cfg Config) (*Server, error) {
 		metrics:     m,
 		log:         cfg.Logger,
 		afterCommit: cfg.afterCommit,
+
+		notifications: id + ".notifications",
+		webhookSecret: cfg.WebhookSecret,
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/tutorials", s.create)
@@ -127,6 +135,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("DELETE /api/tutorials/{id}", s.remove)
 	mux.HandleFunc("GET /api/tutorials/{id}", s.get)
 	mux.HandleFunc("GET /api/search", s.search)
+	mux.HandleFunc("POST /api/webhooks/{source}", s.receive)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
