@@ -37,7 +37,7 @@ type env struct {
 	outbox *outbox.Outbox
 }
 
-func setup(t *testing.T) *env {
+func setup(t testing.TB) *env {
 	t.Helper()
 	pool, name := schematest.Setup(t)
 	ob, err := outbox.NewOutbox(name)
@@ -131,7 +131,7 @@ func relayConfig(pool *pgxpool.Pool, schemaName string, ss []relay.Stream) relay
 }
 
 // start runs a relay in this process until stop or the test's end.
-func start(t *testing.T, cfg relay.Config) (stop func()) {
+func start(t testing.TB, cfg relay.Config) (stop func()) {
 	t.Helper()
 	r, err := relay.New(cfg)
 	if err != nil {
