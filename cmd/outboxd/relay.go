@@ -72,8 +72,7 @@ func (d *destinationFlags) Set(v string) error {
 func runRelay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch, and messages to the webhook destinations
-given with --destination (each on a stream of its own). Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by. Every flag can also be\nset as OUTBOXD_<FLAG> in the environment (e.g. OUTBOXD_ADMIN_ADDR); the command line wins.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch, and messages to the webhook destinations\ngiven with --destination (each on a stream of its own). Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by. Every flag can also be\nset as OUTBOXD_<FLAG> in the environment (e.g. OUTBOXD_ADMIN_ADDR); the command line wins.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	db := addDBFlags(fs)
