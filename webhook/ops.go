@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,7 +57,7 @@ func List(ctx context.Context, pool *pgxpool.Pool, schemaName string, f Filter) 
 	if err != nil {
 		return nil, err
 	}
-	if f.State != "" && !contains(states, f.State) {
+	if f.State != "" && !slices.Contains(states, f.State) {
 		return nil, fmt.Errorf("state: %q is not one of %s", f.State, strings.Join(states, ", "))
 	}
 	if f.Limit <= 0 {
@@ -149,13 +150,4 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, k
 		return Delivery{}, fmt.Errorf("webhook: resolve %s/%s: %w", destination, key, err)
 	}
 	return out, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

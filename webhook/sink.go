@@ -79,9 +79,6 @@ func NewSink(o Options) (*Sink, error) {
 	}, nil
 }
 
-// Destination is the sink's destination (its Secret included: do not log it).
-func (s *Sink) Destination() Destination { return s.dest }
-
 // Write handles a page of messages concurrently and answers for each:
 // Applied once the ledger holds its final state (delivered, failed,
 // skipped or unknown), Stale for a duplicate key or a replay of a message
