@@ -293,6 +293,36 @@ func TestWebhookDelivery(t *testing.T) {
 		}
 	})
 
+	t.Run("a destination's rate and concurrency limits hold", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		var mu sync.Mutex
+		inFlight, most := 0, 0
+		rcv := newScripted(t, func(w http.ResponseWriter) {
+			mu.Lock()
+			inFlight++
+			most = max(most, inFlight)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+			mu.Lock()
+			inFlight--
+			mu.Unlock()
+		})
+		d := destination("orders", rcv.URL, false)
+		d.Rate, d.Concurrency = 20, 2
+		e.run(t, d)
+		for i := range 21 {
+			e.send(t, "orders", "k"+string(rune('a'+i)), `{}`)
+		}
+		schematest.Eventually(t, 20*time.Second, "all delivered", func() bool { return rcv.count() == 21 })
+		rcv.mu.Lock()
+		span := rcv.times[20].Sub(rcv.times[0])
+		rcv.mu.Unlock()
+		if span < 900*time.Millisecond || most > 2 {
+			t.Fatalf("21 requests at 20/s took %s (want >= 1s), %d at once (want <= 2)", span, most)
+		}
+	})
+
 	t.Run("a dead destination delays neither another destination nor the search stream", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
