@@ -24,7 +24,7 @@ func TestWebhookFaults(t *testing.T) {
 	if raceEnabled || testing.Short() {
 		n = 2000
 	}
-	f := faults{err500: 0.05, err429: 0.01, hang: 0.01, cutHeaders: 0.01, cutBody: 0.01, hangFor: time.Second, retryAfterSeconds: 1}
+	f := faults{err500: 0.05, err429: 0.01, hang: 0.01, cutHeaders: 0.01, cutBody: 0.01, drop: 0.01, hangFor: time.Second, retryAfterSeconds: 1}
 
 	t.Run("an idempotent receiver sees exactly one effect per message", func(t *testing.T) {
 		t.Parallel()

@@ -158,6 +158,7 @@ type faults struct {
 	err500, err429    float64 // answered before any effect
 	hang, cutHeaders  float64 // after the effect: no answer in time, or the connection closed mid-response
 	cutBody           float64 // after the effect: status 200 sent, then the connection closed mid-body
+	drop              float64 // after the effect: the connection closed without a byte of answer
 	hangFor           time.Duration
 	retryAfterSeconds int
 }
@@ -236,6 +237,9 @@ func (r *receiver) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	case p < f.hang+f.cutHeaders+f.cutBody:
 		cut(w, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"ok\":")
+		return
+	case p < f.hang+f.cutHeaders+f.cutBody+f.drop:
+		cut(w, "")
 		return
 	}
 	w.WriteHeader(http.StatusOK)
