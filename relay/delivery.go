@@ -225,7 +225,7 @@ func (w *streamWriter) deliver(ctx context.Context, events []outbox.Event) ([]de
 	paused := false   // the stream's pause reason is set (see Relay.Paused)
 	for len(pending) > 0 {
 		start := time.Now()
-		outs, err := cfg.Sink.Write(ctx, pending)
+		outs, err := w.sink().Write(ctx, pending)
 		m.writeSeconds.WithLabelValues(name).Observe(time.Since(start).Seconds())
 		if err == nil && len(outs) != len(pending) {
 			err = fmt.Errorf("sink returned %d outcomes for %d events", len(outs), len(pending))
@@ -415,4 +415,12 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// sink is the stream's own sink, or the relay's.
+func (w *streamWriter) sink() Sink {
+	if w.stream.Sink != nil {
+		return w.stream.Sink
+	}
+	return w.r.cfg.Sink
 }

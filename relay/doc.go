@@ -78,6 +78,11 @@
 // the outbox by 1024 hash buckets of source_id (Partitions); every relay
 // process counts the live relays (a shared advisory lock each holds) and
 // leads at most its fair share, handing extra streams to newcomers.
+// Streams also split the outbox by index name (Stream.Indexes and
+// Stream.Exclude, with "prefix*" entries), each with its own Sink if it
+// likes: outboxd gives every webhook destination a stream of its own and
+// keeps the message namespace out of the Elasticsearch streams, so a slow
+// receiver holds back nothing but its own messages.
 //
 // # Versions
 //

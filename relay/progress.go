@@ -48,9 +48,13 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 	if len(s.Indexes) > 0 {
 		indexes = s.Indexes
 	}
-	_, err := conn.Exec(ctx, `INSERT INTO `+schema+`.progress (stream, bucket_lo, bucket_hi, indexes, done_snapshot)
-		VALUES ($1, $2, $3, $4, $5::pg_snapshot) ON CONFLICT (stream) DO NOTHING`,
-		s.Name, int16(s.BucketLo), int16(s.BucketHi), indexes, emptySnapshot.String())
+	var exclude []string
+	if len(s.Exclude) > 0 {
+		exclude = s.Exclude
+	}
+	_, err := conn.Exec(ctx, `INSERT INTO `+schema+`.progress (stream, bucket_lo, bucket_hi, indexes, exclude, done_snapshot)
+		VALUES ($1, $2, $3, $4, $5, $6::pg_snapshot) ON CONFLICT (stream) DO NOTHING`,
+		s.Name, int16(s.BucketLo), int16(s.BucketHi), indexes, exclude, emptySnapshot.String())
 	if err != nil {
 		return position{}, fmt.Errorf("relay: register stream %s: %w", s.Name, err)
 	}
@@ -59,9 +63,9 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 	var cx *uint64
 	var cid *int64
 	var lo, hi int16
-	var stored []string
-	err = conn.QueryRow(ctx, `SELECT done_snapshot::text, batch_snapshot::text, cursor_xid, cursor_id, bucket_lo, bucket_hi, indexes
-		FROM `+schema+`.progress WHERE stream = $1`, s.Name).Scan(&done, &batch, &cx, &cid, &lo, &hi, &stored)
+	var stored, storedExclude []string
+	err = conn.QueryRow(ctx, `SELECT done_snapshot::text, batch_snapshot::text, cursor_xid, cursor_id, bucket_lo, bucket_hi, indexes, exclude
+		FROM `+schema+`.progress WHERE stream = $1`, s.Name).Scan(&done, &batch, &cx, &cid, &lo, &hi, &stored, &storedExclude)
 	if err != nil {
 		return position{}, fmt.Errorf("relay: load progress of %s: %w", s.Name, err)
 	}
@@ -75,6 +79,20 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 	if !sameSet(stored, s.Indexes) {
 		return position{}, fmt.Errorf("relay: stream %s: stored index filter %v differs from configured %v; use a new stream name when changing the stream's index filter",
 			s.Name, stored, s.Indexes)
+	}
+	// Excluding more only hands events to other streams; excluding less
+	// would bring back events this stream's position already passed over
+	// without delivering them.
+	for _, x := range storedExclude {
+		if !slices.Contains(s.Exclude, x) {
+			return position{}, fmt.Errorf("relay: stream %s: stored exclusions %v are not all in the configured %v; use a new stream name when a stream stops excluding an index",
+				s.Name, storedExclude, s.Exclude)
+		}
+	}
+	if !sameSet(storedExclude, s.Exclude) {
+		if _, err := conn.Exec(ctx, `UPDATE `+schema+`.progress SET exclude = $2 WHERE stream = $1`, s.Name, exclude); err != nil {
+			return position{}, fmt.Errorf("relay: stream %s: store exclusions: %w", s.Name, err)
+		}
 	}
 	var p position
 	if p.done, err = ParseSnapshot(done); err != nil {

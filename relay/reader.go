@@ -15,11 +15,33 @@ import (
 // source_id hash buckets (0..1023) and, optionally, a set of index names.
 // Every version of one source falls in one bucket, so one stream sees all
 // of a source's events in commit order.
+//
+// Indexes and Exclude take index names, or prefixes ending in "*": a
+// stream reads the events whose index matches Indexes (all when empty)
+// and no entry of Exclude. Streams with their own Sink can so split the
+// outbox by destination, each acknowledged on its own: a slow sink holds
+// back only its own stream.
 type Stream struct {
 	Name     string
 	BucketLo int // inclusive, 0..1023
 	BucketHi int // inclusive, 0..1023
 	Indexes  []string
+	Exclude  []string
+	Sink     Sink // nil: Config.Sink
+}
+
+// likePatterns turns index names and "prefix*" entries into LIKE patterns.
+func likePatterns(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		prefix, wild := strings.CutSuffix(n, "*")
+		p := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(prefix)
+		if wild {
+			p += "%"
+		}
+		out[i] = p
+	}
+	return out
 }
 
 // Partitions splits the outbox into n streams by bucket range, named
@@ -98,8 +120,13 @@ func (r *reader) filter(next int) (string, []any) {
 		next += 2
 	}
 	if len(r.stream.Indexes) > 0 {
-		fmt.Fprintf(&b, " AND index_name = ANY($%d)", next)
-		args = append(args, r.stream.Indexes)
+		fmt.Fprintf(&b, " AND index_name LIKE ANY($%d)", next)
+		args = append(args, likePatterns(r.stream.Indexes))
+		next++
+	}
+	if len(r.stream.Exclude) > 0 {
+		fmt.Fprintf(&b, " AND NOT index_name LIKE ANY($%d)", next)
+		args = append(args, likePatterns(r.stream.Exclude))
 	}
 	return b.String(), args
 }

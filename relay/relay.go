@@ -109,9 +109,6 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.Pool == nil {
 		return nil, errors.New("relay: config: Pool is required")
 	}
-	if cfg.Sink == nil {
-		return nil, errors.New("relay: config: Sink is required")
-	}
 	id, err := schema.Ident(cfg.Schema)
 	if err != nil {
 		return nil, err
@@ -125,6 +122,8 @@ func New(cfg Config) (*Relay, error) {
 			return nil, fmt.Errorf("relay: config: streams: %q listed twice", s.Name)
 		case s.BucketLo < 0 || s.BucketHi > 1023 || s.BucketLo > s.BucketHi:
 			return nil, fmt.Errorf("relay: config: streams: %q: bucket range %d..%d is not within 0..1023", s.Name, s.BucketLo, s.BucketHi)
+		case s.Sink == nil && cfg.Sink == nil:
+			return nil, fmt.Errorf("relay: config: Sink is required (stream %q has none of its own)", s.Name)
 		}
 		seen[s.Name] = true
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,11 +21,14 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema"
+	"github.com/outboxd/outboxd/webhook"
 )
 
 func init() {
-	register("relay", "stream committed outbox events to Elasticsearch (with admin page and scheduled maintenance)", runRelay)
+	register("relay", "stream committed outbox events to Elasticsearch and messages to webhooks (with admin page and scheduled maintenance)", runRelay)
 }
 
 type relayFlags struct {
@@ -58,12 +62,23 @@ type relayFlags struct {
 	reconcileSQLTimeout     time.Duration
 	jobTimeout              time.Duration
 	abandonedAfter          time.Duration
+	destinations            destinationFlags
+}
+
+// destinationFlags collects the repeatable --destination flag.
+type destinationFlags []string
+
+func (d *destinationFlags) String() string { return strings.Join(*d, " ") }
+
+func (d *destinationFlags) Set(v string) error {
+	*d = append(*d, v)
+	return nil
 }
 
 func runRelay(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch. Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch, and messages to the webhook destinations\ngiven with --destination (each on a stream of its own). Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by.\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	db := addDBFlags(fs)
@@ -105,6 +120,7 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", repair.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "deadline of one scheduled job run; a run still going then is cancelled and recorded as failed")
 	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
+	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -157,12 +173,18 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if f.indexes != "" {
-		idx := indexer.SplitAddresses(f.indexes)
-		for i := range streams {
-			streams[i].Indexes = idx
+	for i := range streams {
+		if f.indexes != "" {
+			streams[i].Indexes = indexer.SplitAddresses(f.indexes)
 		}
+		// Messages have sinks of their own; Elasticsearch never sees them.
+		streams[i].Exclude = []string{outbox.MessagePrefix + "*"}
 	}
+	hooks, err := messageStreams(pool, db.schema, f.destinations, reg, log)
+	if err != nil {
+		return err
+	}
+	streams = append(streams, hooks...)
 	r, err := relay.New(relay.Config{
 		Pool: pool, Schema: db.schema, Sink: sink, Streams: streams,
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
@@ -242,6 +264,45 @@ func (l *listFlag) String() string { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error {
 	*l = append(*l, indexer.SplitAddresses(v)...)
 	return nil
+}
+
+// messageStreams gives each --destination a stream and sink of its own (a
+// slow receiver holds back only its own messages) and, when any is set, a
+// stream that fails the messages of destinations nobody configured. The
+// ledger's gauges go on /metrics.
+func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
+	id, err := schema.Ident(schemaName)
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(webhook.NewLedgerCollector(pool, id))
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	m := webhook.NewMetrics(reg)
+	var out []relay.Stream
+	var names []string
+	for _, spec := range specs {
+		d, err := webhook.ParseDestination(spec, nil)
+		if err != nil {
+			return nil, fmt.Errorf("destination: %w", err)
+		}
+		if slices.Contains(names, d.Name) {
+			return nil, fmt.Errorf("destination: %s: listed twice", d.Name)
+		}
+		sink, err := webhook.NewSink(webhook.Options{Pool: pool, Schema: schemaName, Destination: d, Metrics: m, Logger: log})
+		if err != nil {
+			return nil, err
+		}
+		log.Info("webhook destination", "destination", d.String())
+		names = append(names, d.Name)
+		out = append(out, relay.Stream{Name: "webhook-" + d.Name, BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink})
+	}
+	unrouted, err := webhook.NewUnroutedSink(pool, schemaName, names, m)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted}), nil
 }
 
 func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, schemaName string, f relayFlags) error {

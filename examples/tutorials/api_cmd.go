@@ -8,10 +8,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxd/outboxd/webhook"
 )
 
 func init() {
@@ -28,8 +31,16 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	ttl := fs.Duration("key-ttl", DefaultKeyTTL, "how long idempotency keys are remembered")
 	lease := fs.Duration("key-lease", DefaultLease, "how long a PROCESSING key is protected before a retry may take it over")
 	schedule := fs.String("key-cleanup-schedule", DefaultCleanupSchedule, "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *'")
+	secretEnv := fs.String("webhook-secret-env", "OUTBOXD_TUTORIALS_WEBHOOK_SECRET", "environment variable holding the secret that POST /api/webhooks/{source} verifies (whsec_<base64> or raw); unset disables the endpoint")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	var secret []byte
+	if v := os.Getenv(*secretEnv); v != "" {
+		var err error
+		if secret, err = webhook.ParseSecret(v); err != nil {
+			return fmt.Errorf("webhook-secret-env: %s: %w", *secretEnv, err)
+		}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
@@ -67,6 +78,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 		Registerer:    reg,
 		Gatherer:      reg,
 		Logger:        slog.Default(),
+		WebhookSecret: secret,
 	})
 	if err != nil {
 		return err

@@ -53,6 +53,8 @@ type Config struct {
 	// Gatherer, when set, is served on GET /metrics.
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
+	// WebhookSecret verifies POST /api/webhooks/{source}; empty disables it.
+	WebhookSecret []byte
 
 	// afterCommit runs after a write committed and before its response is
 	// written. Tests use it to simulate a crash in exactly that gap.
@@ -71,6 +73,9 @@ type Server struct {
 	log     *slog.Logger
 	handler http.Handler
 	read    time.Duration
+
+	notifications string // quoted schema.notifications
+	webhookSecret []byte
 
 	afterCommit func(r *http.Request)
 }
@@ -132,6 +137,9 @@ func New(cfg Config) (*Server, error) {
 		log:         cfg.Logger,
 		read:        cfg.ReadTimeout,
 		afterCommit: cfg.afterCommit,
+
+		notifications: id + ".notifications",
+		webhookSecret: cfg.WebhookSecret,
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/tutorials", s.create)
@@ -139,6 +147,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("DELETE /api/tutorials/{id}", s.remove)
 	mux.HandleFunc("GET /api/tutorials/{id}", s.get)
 	mux.HandleFunc("GET /api/search", s.search)
+	mux.HandleFunc("POST /api/webhooks/{source}", s.receive)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

@@ -43,3 +43,12 @@ CREATE TABLE IF NOT EXISTS {{schema}}.idempotency_keys (
 );
 
 CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON {{schema}}.idempotency_keys (expires_at);
+
+-- Notifications received on POST /api/webhooks/{source}: the side effect of
+-- a webhook, written in the same transaction as its inbox record.
+CREATE TABLE IF NOT EXISTS {{schema}}.notifications (
+    source      text NOT NULL,
+    key         text NOT NULL,
+    payload     jsonb NOT NULL,
+    received_at timestamptz NOT NULL DEFAULT now()
+);

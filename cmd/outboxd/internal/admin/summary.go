@@ -37,6 +37,8 @@ type counters struct {
 	lagCount       float64
 	lastCycle      map[string]float64 // stream -> unix seconds
 	writeSide      map[string]float64
+	messages       map[string]*MessageView // destination -> ledger counts
+	oldestReserved map[string]float64      // destination -> seconds
 }
 
 func (c *counters) outcomes() map[string]float64 {
@@ -80,6 +82,10 @@ func readCounters(g prometheus.Gatherer) (*counters, error) {
 				c.lagCount += float64(m.GetHistogram().GetSampleCount())
 			case "outboxd_last_cycle_timestamp_seconds":
 				c.lastCycle[labels["stream"]] = m.GetGauge().GetValue()
+			case "outboxd_messages_total":
+				c.message(labels["destination"]).add(labels["state"], m.GetGauge().GetValue())
+			case "outboxd_messages_oldest_reserved_seconds":
+				c.message(labels["destination"]).OldestReserved = m.GetGauge().GetValue()
 			default:
 				if key, ok := writeSideMetrics[name]; ok {
 					if c.writeSide == nil {
@@ -93,6 +99,45 @@ func readCounters(g prometheus.Gatherer) (*counters, error) {
 	return c, nil
 }
 
+func (c *counters) message(dest string) *MessageView {
+	if c.messages == nil {
+		c.messages = map[string]*MessageView{}
+	}
+	v, ok := c.messages[dest]
+	if !ok {
+		v = &MessageView{Destination: dest}
+		c.messages[dest] = v
+	}
+	return v
+}
+
+// MessageView is one webhook destination's row: its messages in the
+// delivery ledger by state.
+type MessageView struct {
+	Destination    string  `json:"destination"`
+	Reserved       float64 `json:"reserved"`
+	Delivered      float64 `json:"delivered"`
+	Failed         float64 `json:"failed"`
+	Skipped        float64 `json:"skipped"`
+	Unknown        float64 `json:"unknown"`
+	OldestReserved float64 `json:"oldest_reserved_seconds"`
+}
+
+func (v *MessageView) add(state string, n float64) {
+	switch state {
+	case "reserved":
+		v.Reserved += n
+	case "delivered":
+		v.Delivered += n
+	case "failed":
+		v.Failed += n
+	case "skipped":
+		v.Skipped += n
+	case "unknown":
+		v.Unknown += n
+	}
+}
+
 // Summary is /api/summary: everything the page shows, in one response.
 type Summary struct {
 	GeneratedAt    time.Time               `json:"generated_at"`
@@ -103,6 +148,7 @@ type Summary struct {
 	DeadLetters    []relay.DeadLetterStats `json:"dead_letters"`
 	Errors         map[string]float64      `json:"errors"`
 	WriteSide      map[string]float64      `json:"write_side,omitempty"`
+	Messages       []MessageView           `json:"messages"`
 	Jobs           []jobs.Status           `json:"jobs"`
 	History        []Sample                `json:"history"`
 	SampleInterval float64                 `json:"sample_interval_seconds"`
@@ -150,6 +196,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 		Indexes:        []IndexView{},
 		DeadLetters:    []relay.DeadLetterStats{},
 		Jobs:           []jobs.Status{},
+		Messages:       []MessageView{},
 		History:        s.history.since(since),
 		SampleInterval: s.cfg.SampleInterval.Seconds(),
 	}
@@ -163,6 +210,10 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 	}
 	sum.Errors["sink"], sum.Errors["read"], sum.Errors["progress"] = c.sinkErrors, c.readErrors, c.progressErrors
 	sum.WriteSide = c.writeSide
+	for _, v := range c.messages {
+		sum.Messages = append(sum.Messages, *v)
+	}
+	sort.Slice(sum.Messages, func(a, b int) bool { return sum.Messages[a].Destination < sum.Messages[b].Destination })
 	for _, o := range outcomeNames {
 		sum.Outcomes[o] = 0
 	}

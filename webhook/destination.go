@@ -1,0 +1,161 @@
+package webhook
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// Destination is one webhook receiver and how to deliver to it.
+type Destination struct {
+	Name string
+	URL  string
+	// Secret signs every request (Standard Webhooks). Never logged: String
+	// and the errors of this package leave it out.
+	Secret []byte
+	// Idempotent says the receiver dedupes by Idempotency-Key, so a request
+	// whose outcome is unknown (timeout or reset after it was sent) may be
+	// sent again. Otherwise such a message is parked as unknown.
+	Idempotent  bool
+	Timeout     time.Duration // per request; default 5s
+	Concurrency int           // requests in flight; default 4
+	Rate        float64       // requests per second; 0: unlimited
+	// Check is an eligibility query run just before each attempt with $1
+	// the dedupe key (text) and $2 the payload (cast it: $2::jsonb). A
+	// first column false, NULL or no row at all skips the message.
+	Check string
+
+	MaxAttempts int           // attempts before giving up; default 8
+	BackoffBase time.Duration // default 500ms, doubling with jitter
+	BackoffMax  time.Duration // default 1m; a longer Retry-After wins
+}
+
+func (d *Destination) setDefaults() {
+	if d.Timeout <= 0 {
+		d.Timeout = 5 * time.Second
+	}
+	if d.Concurrency <= 0 {
+		d.Concurrency = 4
+	}
+	if d.MaxAttempts <= 0 {
+		d.MaxAttempts = 8
+	}
+	if d.BackoffBase <= 0 {
+		d.BackoffBase = 500 * time.Millisecond
+	}
+	if d.BackoffMax <= 0 {
+		d.BackoffMax = time.Minute
+	}
+}
+
+// String describes the destination without its secret, for logs.
+func (d Destination) String() string {
+	s := fmt.Sprintf("%s=%s idempotent=%t timeout=%s concurrency=%d", d.Name, d.URL, d.Idempotent, d.Timeout, d.Concurrency)
+	if d.Rate > 0 {
+		s += fmt.Sprintf(" rate=%g/s", d.Rate)
+	}
+	if d.Check != "" {
+		s += " check=yes"
+	}
+	return s
+}
+
+func (d *Destination) validate() error {
+	if err := outbox.ValidateDestination(d.Name); err != nil {
+		return err
+	}
+	u, err := url.Parse(d.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("destination %s: url: %q is not an http(s) URL", d.Name, d.URL)
+	}
+	if len(d.Secret) == 0 {
+		return fmt.Errorf("destination %s: secret: required (secret_env=VAR)", d.Name)
+	}
+	return nil
+}
+
+// ParseDestination reads the --destination flag's value:
+//
+//	NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL]
+//
+// check comes last and takes the rest of the value, commas included. The
+// secret is read from the environment variable VAR (a Standard Webhooks
+// "whsec_<base64>" secret, or raw bytes); getenv is os.Getenv when nil.
+func ParseDestination(spec string, getenv func(string) string) (Destination, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	var d Destination
+	head, check, hasCheck := strings.Cut(spec, ",check=")
+	if hasCheck {
+		if d.Check = strings.TrimSpace(check); d.Check == "" {
+			return d, fmt.Errorf("destination: check: empty SQL")
+		}
+	}
+	parts := strings.Split(head, ",")
+	name, rawURL, ok := strings.Cut(parts[0], "=")
+	if !ok {
+		return d, fmt.Errorf("destination: %q: want NAME=URL[,option=value...]", parts[0])
+	}
+	d.Name, d.URL = strings.TrimSpace(name), strings.TrimSpace(rawURL)
+	for _, p := range parts[1:] {
+		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok {
+			return d, fmt.Errorf("destination %s: %q: want option=value", d.Name, p)
+		}
+		var err error
+		switch k {
+		case "secret_env":
+			raw := getenv(v)
+			if raw == "" {
+				return d, fmt.Errorf("destination %s: secret_env: environment variable %s is not set", d.Name, v)
+			}
+			if d.Secret, err = ParseSecret(raw); err != nil {
+				return d, fmt.Errorf("destination %s: secret_env: %s: %w", d.Name, v, err)
+			}
+		case "idempotent":
+			if d.Idempotent, err = strconv.ParseBool(v); err != nil {
+				return d, fmt.Errorf("destination %s: idempotent: %q is not true or false", d.Name, v)
+			}
+		case "timeout":
+			if d.Timeout, err = time.ParseDuration(v); err != nil || d.Timeout <= 0 {
+				return d, fmt.Errorf("destination %s: timeout: %q is not a positive duration", d.Name, v)
+			}
+		case "concurrency":
+			if d.Concurrency, err = strconv.Atoi(v); err != nil || d.Concurrency < 1 {
+				return d, fmt.Errorf("destination %s: concurrency: %q is not a positive integer", d.Name, v)
+			}
+		case "rate":
+			n, _ := strings.CutSuffix(v, "/s")
+			if d.Rate, err = strconv.ParseFloat(n, 64); err != nil || d.Rate <= 0 {
+				return d, fmt.Errorf("destination %s: rate: %q is not a positive number per second (like 50/s)", d.Name, v)
+			}
+		default:
+			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, timeout, concurrency, rate, check)", d.Name, k)
+		}
+	}
+	d.setDefaults()
+	return d, d.validate()
+}
+
+// ParseSecret decodes a Standard Webhooks secret "whsec_<base64>"; any
+// other non-empty value is used as raw bytes.
+func ParseSecret(s string) ([]byte, error) {
+	if b64, ok := strings.CutPrefix(s, "whsec_"); ok {
+		b, err := base64.StdEncoding.DecodeString(b64)
+		if err != nil || len(b) == 0 {
+			return nil, fmt.Errorf("a whsec_ secret must be followed by base64")
+		}
+		return b, nil
+	}
+	if s == "" {
+		return nil, fmt.Errorf("empty secret")
+	}
+	return []byte(s), nil
+}

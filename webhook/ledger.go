@@ -1,0 +1,94 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Delivery states in the ledger.
+const (
+	StateReserved  = "reserved"  // owned by one message, being delivered
+	StateDelivered = "delivered" // the receiver answered 2xx
+	StateFailed    = "failed"    // the receiver refused it (4xx), or retries ran out
+	StateSkipped   = "skipped"   // the eligibility check said no; nothing was sent
+	StateUnknown   = "unknown"   // it may or may not have been received: an operator decides
+)
+
+// ledger is the delivery ledger of one schema.
+type ledger struct {
+	pool   *pgxpool.Pool
+	schema string // quoted
+}
+
+// entry is what a message finds in the ledger when it reserves its key.
+type entry struct {
+	eventID   int64 // the message holding the reservation
+	state     string
+	attempts  int
+	inFlight  bool
+	uncertain bool
+}
+
+// reserve inserts the (destination, key) row for message id, or finds the
+// row that is already there and records id as a duplicate of it. The
+// primary key makes this atomic: of two messages with one key, exactly one
+// owns the row. initial is the state of a new row.
+func (l *ledger) reserve(ctx context.Context, dest, key string, id int64, payload []byte, initial, reason string) (entry, error) {
+	var e entry
+	err := l.pool.QueryRow(ctx, `INSERT INTO `+l.schema+`.deliveries AS d
+			(destination, dedupe_key, event_id, payload, state, last_error, finished_at)
+		VALUES ($1, $2, $3, $4, $5, nullif($6, ''), CASE WHEN $5 = 'reserved' THEN NULL ELSE now() END)
+		ON CONFLICT (destination, dedupe_key) DO UPDATE
+		SET duplicates = d.duplicates || EXCLUDED.event_id
+		WHERE d.event_id <> EXCLUDED.event_id AND NOT EXCLUDED.event_id = ANY(d.duplicates)
+		RETURNING d.event_id, d.state, d.attempts, d.in_flight, d.uncertain`,
+		dest, key, id, string(payload), initial, reason).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		if err != nil {
+			return e, fmt.Errorf("webhook: ledger: reserve %s/%s: %w", dest, key, err)
+		}
+		return e, nil
+	}
+	// The WHERE above left the row alone (a replay of a known message):
+	// nothing is returned, so read it.
+	err = l.pool.QueryRow(ctx, `SELECT event_id, state, attempts, in_flight, uncertain FROM `+l.schema+`.deliveries
+		WHERE destination = $1 AND dedupe_key = $2`, dest, key).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain)
+	if err != nil {
+		return e, fmt.Errorf("webhook: ledger: reserve %s/%s: %w", dest, key, err)
+	}
+	return e, nil
+}
+
+// claim marks the next attempt as in flight, just before the request is
+// sent, if the row is still as this relay last saw it. Losing the claim
+// means another relay took the message over (after a failover).
+func (l *ledger) claim(ctx context.Context, dest, key string, id int64, seen entry) (bool, error) {
+	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
+		SET attempts = attempts + 1, in_flight = true, updated_at = now()
+		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = 'reserved'
+		  AND attempts = $4 AND in_flight = $5`, dest, key, id, seen.attempts, seen.inFlight)
+	if err != nil {
+		return false, fmt.Errorf("webhook: ledger: claim %s/%s: %w", dest, key, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// record stores an attempt's answer: state stays reserved when the
+// message will be tried again. It applies only to the attempt this relay
+// claimed (attempts = n).
+func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, state string, status int, reason string, uncertain bool) error {
+	_, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
+		SET state = $5, in_flight = false, last_status = nullif($6, 0), last_error = nullif($7, ''),
+		    uncertain = uncertain OR $8, updated_at = now(),
+		    finished_at = CASE WHEN $5 = 'reserved' THEN NULL ELSE now() END
+		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = 'reserved' AND attempts = $4`,
+		dest, key, id, n, state, status, reason, uncertain)
+	if err != nil {
+		return fmt.Errorf("webhook: ledger: record %s/%s: %w", dest, key, err)
+	}
+	return nil
+}

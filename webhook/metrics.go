@@ -1,0 +1,119 @@
+package webhook
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the sinks' request instruments, shared by every destination
+// of a process. A nil *Metrics measures nothing.
+type Metrics struct {
+	requests *prometheus.CounterVec   // destination, result
+	seconds  *prometheus.HistogramVec // destination
+	finals   *prometheus.CounterVec   // destination, state
+}
+
+// NewMetrics registers the webhook instruments on reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_webhook_requests_total",
+			Help: "Webhook requests by result: delivered (2xx), refused (permanent 3xx/4xx), retry (408, 429, 5xx, not sent), uncertain (sent, no answer).",
+		}, []string{"destination", "result"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "outboxd_webhook_request_seconds",
+			Help:    "Duration of one webhook request.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}, []string{"destination"}),
+		finals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_webhook_messages_finished_total",
+			Help: "Messages this process brought to a final ledger state, and duplicates it refused to send.",
+		}, []string{"destination", "state"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.seconds, m.finals)
+	}
+	return m
+}
+
+var resultNames = [...]string{vDelivered: "delivered", vRefused: "refused", vRetry: "retry", vUncertain: "uncertain"}
+
+func (m *Metrics) observe(dest string, a attempt, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(dest, resultNames[a.verdict]).Inc()
+	m.seconds.WithLabelValues(dest).Observe(d.Seconds())
+}
+
+func (m *Metrics) count(dest, state string) {
+	if m != nil {
+		m.finals.WithLabelValues(dest, state).Inc()
+	}
+}
+
+// LedgerCollector exports the delivery ledger as gauges read at scrape
+// time, so every relay and the operator see the same numbers:
+// outboxd_messages_total{destination,state}, outboxd_messages_unknown
+// (outcomes waiting for an operator) and
+// outboxd_messages_oldest_reserved_seconds{destination}.
+type LedgerCollector struct {
+	pool   *pgxpool.Pool
+	schema string // quoted
+
+	total, unknown, oldest *prometheus.Desc
+}
+
+// NewLedgerCollector returns a collector over schema's ledger.
+func NewLedgerCollector(pool *pgxpool.Pool, schemaIdent string) *LedgerCollector {
+	return &LedgerCollector{
+		pool: pool, schema: schemaIdent,
+		total:   prometheus.NewDesc("outboxd_messages_total", "Messages in the delivery ledger by destination and state (reserved, delivered, failed, skipped, unknown).", []string{"destination", "state"}, nil),
+		unknown: prometheus.NewDesc("outboxd_messages_unknown", "Messages whose outcome is unknown, waiting for an operator (outboxd deliveries list --state unknown).", nil, nil),
+		oldest:  prometheus.NewDesc("outboxd_messages_oldest_reserved_seconds", "Age of the oldest message still being delivered, by destination.", []string{"destination"}, nil),
+	}
+}
+
+func (c *LedgerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.total
+	ch <- c.unknown
+	ch <- c.oldest
+}
+
+func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rows, err := c.pool.Query(ctx, `SELECT destination, state, count(*),
+			coalesce(extract(epoch FROM now() - min(reserved_at) FILTER (WHERE state = 'reserved')), 0)
+		FROM `+c.schema+`.deliveries GROUP BY destination, state`)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.total, err)
+		return
+	}
+	defer rows.Close()
+	var unknown float64
+	for rows.Next() {
+		var dest, state string
+		var n int64
+		var age float64
+		if err := rows.Scan(&dest, &state, &n, &age); err != nil {
+			ch <- prometheus.NewInvalidMetric(c.total, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(n), dest, state)
+		switch state {
+		case StateUnknown:
+			unknown += float64(n)
+		case StateReserved:
+			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, dest)
+		}
+	}
+	if rows.Err() != nil {
+		ch <- prometheus.NewInvalidMetric(c.total, rows.Err())
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.GaugeValue, unknown)
+}

@@ -1,0 +1,129 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// verdict is how one HTTP attempt ended.
+type verdict int
+
+const (
+	vDelivered verdict = iota // 2xx
+	vRefused                  // a permanent answer: 3xx, 4xx other than 408/429
+	vRetry                    // 408, 429, 5xx, or no request reached the receiver
+	vUncertain                // sent, then no answer (timeout, reset): it may have been received
+)
+
+type attempt struct {
+	verdict    verdict
+	status     int
+	reason     string
+	retryAfter time.Duration
+}
+
+// newClient is the destination's HTTP client: its timeout bounds the whole
+// exchange, and redirects are answers, not instructions (a webhook that
+// moved is a configuration error, reported as failed).
+func newClient(d Destination) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxConnsPerHost = d.Concurrency
+	t.MaxIdleConnsPerHost = d.Concurrency
+	return &http.Client{
+		Timeout:       d.Timeout,
+		Transport:     t,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// post sends one signed attempt. ctx should not be the relay's shutdown
+// context: a request cut off by shutdown would turn into an unknown outcome.
+func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.dest.URL, bytes.NewReader(body))
+	if err != nil {
+		return attempt{verdict: vRefused, reason: "build request: " + err.Error()}
+	}
+	ts := s.now().Unix()
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "outboxd-webhook")
+	req.Header.Set(HeaderIdempotencyKey, key)
+	req.Header.Set(HeaderID, key)
+	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
+	req.Header.Set(HeaderSignature, Sign(s.dest.Secret, key, ts, body))
+	if !s.dest.Idempotent {
+		// net/http silently re-sends a request that has an Idempotency-Key
+		// and a GetBody when a reused connection fails; to a receiver that
+		// does not dedupe, that would be a second effect.
+		req.GetBody = nil
+	}
+	var wrote atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				wrote.Store(true)
+			}
+		},
+	}))
+	resp, err := s.client.Do(req)
+	if err != nil {
+		if wrote.Load() {
+			return attempt{verdict: vUncertain, reason: "no answer after the request was sent: " + err.Error()}
+		}
+		return attempt{verdict: vRetry, reason: "request not sent: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	a := attempt{status: resp.StatusCode}
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		a.verdict = vDelivered
+		return a
+	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
+		a.verdict = vRetry
+		a.retryAfter = retryAfter(resp.Header.Get("Retry-After"), s.now())
+	default:
+		a.verdict = vRefused
+	}
+	a.reason = fmt.Sprintf("HTTP %d", code)
+	if t := strings.TrimSpace(string(snippet)); t != "" {
+		a.reason += ": " + strings.ToValidUTF8(t, "?")
+	}
+	return a
+}
+
+// retryAfter reads a Retry-After header: seconds or an HTTP date.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// headerSafe reports whether key can travel in an HTTP header as is.
+func headerSafe(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+var errShutdown = errors.New("webhook: relay shutting down")
