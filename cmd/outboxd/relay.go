@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sort"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
