@@ -44,6 +44,7 @@ func TestAppendMessage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer func() { _ = tx.Rollback(ctx) }() // a failure must not leave the schema locked
 		if _, err := e.outbox.AppendMessage(ctx, tx, outbox.Message{Destination: "billing", DedupeKey: "k", Payload: json.RawMessage(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
