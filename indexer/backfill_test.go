@@ -129,6 +129,125 @@ func (e *backfillEnv) assertProjection(t *testing.T) {
 	}
 }
 
+// writers update and delete random rows of a backfillEnv's table, each
+// change with its outbox event in one transaction, as an application
+// would.
+type writers struct {
+	done             chan struct{}
+	wg               sync.WaitGroup
+	updates, deletes atomic.Int64
+}
+
+func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
+	t.Helper()
+	ctx := context.Background()
+	ob, err := relay.NewOutbox(e.schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := &writers{done: make(chan struct{})}
+	for w := range n {
+		wr.wg.Add(1)
+		go func() {
+			defer wr.wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 7))
+			for {
+				select {
+				case <-wr.done:
+					return
+				default:
+				}
+				id := fmt.Sprintf("a%07d", 1+rnd.IntN(rows))
+				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					var v int64
+					var doc []byte
+					if rnd.IntN(5) == 0 {
+						err := tx.QueryRow(ctx, `DELETE FROM `+e.table+` WHERE id = $1 RETURNING version`, id).Scan(&v)
+						if errors.Is(err, pgx.ErrNoRows) {
+							return nil
+						}
+						if err != nil {
+							return err
+						}
+						wr.deletes.Add(1)
+						_, err = ob.Append(ctx, tx, relay.Event{IndexName: e.name, SourceID: id, Version: v + 1, Op: relay.OpDelete})
+						return err
+					}
+					err := tx.QueryRow(ctx, `UPDATE `+e.table+` SET version = version + 1, title = 'edited ' || (version + 1) WHERE id = $1 RETURNING version, `+docSQL, id).Scan(&v, &doc)
+					if errors.Is(err, pgx.ErrNoRows) {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					wr.updates.Add(1)
+					_, err = ob.Append(ctx, tx, relay.Event{IndexName: e.name, SourceID: id, Version: v, Op: relay.OpUpsert, Document: doc})
+					return err
+				})
+				if err != nil {
+					t.Errorf("writer: %v", err)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	return wr
+}
+
+// stop ends the writers and fails the test if they changed nothing.
+func (wr *writers) stop(t *testing.T) (updates, deletes int64) {
+	t.Helper()
+	close(wr.done)
+	wr.wg.Wait()
+	if wr.updates.Load() == 0 || wr.deletes.Load() == 0 {
+		t.Fatal("the writers changed nothing")
+	}
+	return wr.updates.Load(), wr.deletes.Load()
+}
+
+// startRelay runs a relay in this process until the returned stop.
+func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
+	t.Helper()
+	r, err := relay.New(relay.Config{
+		Pool: e.pool, Schema: e.schema, Sink: newSink(t, Options{Client: e.es}),
+		BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
+		Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}
+}
+
+// waitBacklog waits until the relay acknowledged every event.
+func (e *backfillEnv) waitBacklog(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st, err := relay.CollectStats(ctx, e.pool, e.schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Backlog() == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relay backlog %d after 2 minutes", st.Backlog())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func TestBackfill(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -137,73 +256,8 @@ func TestBackfill(t *testing.T) {
 		t.Parallel()
 		const rows = 100_000
 		e := setupBackfill(t, rows)
-		ob, err := relay.NewOutbox(e.schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := relay.New(relay.Config{
-			Pool: e.pool, Schema: e.schema, Sink: newSink(t, Options{Client: e.es}),
-			BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
-			Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		runCtx, stopRelay := context.WithCancel(ctx)
-		relayDone := make(chan error, 1)
-		go func() { relayDone <- r.Run(runCtx) }()
-
-		// Four writers update and delete random rows, each change with its
-		// outbox event in one transaction, as an application would.
-		stopWriters := make(chan struct{})
-		var wg sync.WaitGroup
-		var updates, deletes atomic.Int64
-		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rnd := rand.New(rand.NewPCG(uint64(w), 7))
-				for {
-					select {
-					case <-stopWriters:
-						return
-					default:
-					}
-					id := fmt.Sprintf("a%07d", 1+rnd.IntN(rows))
-					err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-						var v int64
-						var doc []byte
-						if rnd.IntN(5) == 0 {
-							err := tx.QueryRow(ctx, `DELETE FROM `+e.table+` WHERE id = $1 RETURNING version`, id).Scan(&v)
-							if errors.Is(err, pgx.ErrNoRows) {
-								return nil
-							}
-							if err != nil {
-								return err
-							}
-							deletes.Add(1)
-							_, err = ob.Append(ctx, tx, relay.Event{IndexName: e.name, SourceID: id, Version: v + 1, Op: relay.OpDelete})
-							return err
-						}
-						err := tx.QueryRow(ctx, `UPDATE `+e.table+` SET version = version + 1, title = 'edited ' || (version + 1) WHERE id = $1 RETURNING version, `+docSQL, id).Scan(&v, &doc)
-						if errors.Is(err, pgx.ErrNoRows) {
-							return nil
-						}
-						if err != nil {
-							return err
-						}
-						updates.Add(1)
-						_, err = ob.Append(ctx, tx, relay.Event{IndexName: e.name, SourceID: id, Version: v, Op: relay.OpUpsert, Document: doc})
-						return err
-					})
-					if err != nil {
-						t.Errorf("writer: %v", err)
-						return
-					}
-					time.Sleep(time.Millisecond)
-				}
-			}()
-		}
+		stopRelay := e.startRelay(t)
+		wr := e.startWriters(t, 4, rows)
 
 		// First run: cancelled once some batches are stored.
 		sink := newSink(t, Options{Client: e.es})
@@ -231,31 +285,11 @@ func TestBackfill(t *testing.T) {
 		if second.From == "" || second.Rows >= rows-first.Rows+int64(4*2000) {
 			t.Fatalf("second run did not continue after the stored key: first %+v, second %+v", first, second)
 		}
-		close(stopWriters)
-		wg.Wait()
+		updates, deletes := wr.stop(t)
 		t.Logf("backfill: first run %d rows, second %d rows after %q (%d applied, %d stale); writers: %d updates, %d deletes",
-			first.Rows, second.Rows, second.From, second.Applied, second.Stale, updates.Load(), deletes.Load())
-		if updates.Load() == 0 || deletes.Load() == 0 {
-			t.Fatal("the writers changed nothing")
-		}
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			st, err := relay.CollectStats(ctx, e.pool, e.schema)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Backlog() == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("relay backlog %d after 2 minutes", st.Backlog())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			first.Rows, second.Rows, second.From, second.Applied, second.Stale, updates, deletes)
+		e.waitBacklog(t)
 		stopRelay()
-		if err := <-relayDone; err != nil {
-			t.Fatal(err)
-		}
 		e.assertProjection(t)
 	})
 
