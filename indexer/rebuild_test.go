@@ -238,8 +238,8 @@ func TestRebuild(t *testing.T) {
 		e.waitBacklog(t)
 		stopRelay()
 		search.stop(t)
-		t.Logf("rebuild of %d documents: %s in three runs; last run %d catch-up rounds, %d caught up; writers: %d updates, %d deletes",
-			rows, took.Round(time.Millisecond), rep.Rounds, rep.CaughtUp, updates, deletes)
+		t.Logf("rebuild of %d documents: %s in three runs (the last %.1fs, %d copied); last run %d catch-up rounds, %d caught up; writers: %d updates, %d deletes",
+			rows, took.Round(time.Millisecond), rep.Seconds, rep.Copied, rep.Rounds, rep.CaughtUp, updates, deletes)
 
 		for _, a := range []string{e.name, WriteAlias(e.name), ReadAlias(e.name)} {
 			if got := aliasTarget(t, e.es, a); got != next {

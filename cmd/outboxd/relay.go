@@ -171,6 +171,9 @@ func runRelay(ctx context.Context, args []string) error {
 				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
 			},
 			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
+			Rebuilds: func(ctx context.Context) ([]indexer.RebuildStatus, error) {
+				return indexer.Rebuilds(ctx, pool, db.schema)
+			},
 		})
 		if err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
+	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -104,6 +105,7 @@ type Summary struct {
 	Errors         map[string]float64      `json:"errors"`
 	WriteSide      map[string]float64      `json:"write_side,omitempty"`
 	Jobs           []jobs.Status           `json:"jobs"`
+	Rebuilds       []indexer.RebuildStatus `json:"rebuilds"`
 	History        []Sample                `json:"history"`
 	SampleInterval float64                 `json:"sample_interval_seconds"`
 	Outcomes       map[string]float64      `json:"outcomes"`
@@ -149,6 +151,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 		Indexes:        []IndexView{},
 		DeadLetters:    []relay.DeadLetterStats{},
 		Jobs:           []jobs.Status{},
+		Rebuilds:       []indexer.RebuildStatus{},
 		History:        s.history.since(since),
 		SampleInterval: s.cfg.SampleInterval.Seconds(),
 	}
@@ -190,6 +193,15 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 	st, err := s.stats.get(ctx)
 	if err != nil {
 		sum.StatsError = s.cfg.Redact(err.Error())
+	}
+	if s.cfg.Rebuilds != nil {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		if rb, err := s.cfg.Rebuilds(rctx); err != nil {
+			s.log.Warn("admin: cannot read rebuilds", "err", s.cfg.Redact(err.Error()))
+		} else if rb != nil {
+			sum.Rebuilds = rb
+		}
+		cancel()
 	}
 	seen := map[string]bool{}
 	if st != nil {
