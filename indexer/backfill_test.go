@@ -8,6 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -226,6 +229,38 @@ func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
 			t.Errorf("relay: %v", err)
 		}
 	}
+}
+
+// startRelayProcess runs `outboxd relay` as a child process; kill
+// SIGKILLs it.
+func (e *backfillEnv) startRelayProcess(t *testing.T) (kill func()) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "outboxd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/outboxd").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	logs, err := os.Create(filepath.Join(dir, "relay.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", e.schema,
+		"--elasticsearch-url", schematest.ElasticsearchURL(t), "--admin-addr", "", "--lease-interval", "100ms",
+		"--retention-schedule", "", "--tombstone-purge-schedule", "")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logs.Close()
+		})
+	}
+	t.Cleanup(kill)
+	return kill
 }
 
 // waitBacklog waits until the relay acknowledged every event.

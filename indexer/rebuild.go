@@ -103,8 +103,8 @@ func (e *RejectedError) Error() string {
 // moves N, N-write and N-read to it in one atomic _aliases request.
 //
 // No write is lost, without dual writes: before the copy starts each
-// shard's local checkpoint of the old index is recorded (every write up to
-// it is visible after a refresh); after the copy, catch-up rounds copy the
+// shard's global checkpoint of the old index is recorded (every write up
+// to it is visible after a refresh); after the copy, catch-up rounds copy the
 // old index's documents with a higher _seq_no, shard by shard, and advance
 // the checkpoints. Every copy is a versioned write (external_gte at the
 // document's own version), so order does not matter: a copy older than
@@ -444,8 +444,8 @@ func (r *rebuilder) copySource(ctx context.Context, w *copyWriter, tombstones in
 }
 
 // catchUp copies the old index's documents above each shard's checkpoint
-// and advances the checkpoints to the local checkpoints read before the
-// refresh: every write up to them is then visible and copied.
+// and advances the checkpoints to those read before the refresh: every
+// write up to them is then visible and copied.
 func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
 	next, err := shardCheckpoints(ctx, r.o.ES, r.cur.Old)
 	if err != nil {
@@ -665,9 +665,9 @@ func indexExists(ctx context.Context, es *elasticsearch.Client, index string) (b
 	return r.index(index), nil
 }
 
-// shardCheckpoints returns each primary shard's local checkpoint: every
-// operation up to it has been processed, so a refresh after this call
-// makes it visible to a search.
+// shardCheckpoints returns each shard's global checkpoint: every
+// operation up to it has been processed on every in-sync copy, so after a
+// later refresh a search sees it whichever copy answers.
 func shardCheckpoints(ctx context.Context, es *elasticsearch.Client, index string) (map[string]int64, error) {
 	var out struct {
 		Indices map[string]struct {
@@ -676,7 +676,7 @@ func shardCheckpoints(ctx context.Context, es *elasticsearch.Client, index strin
 					Primary bool `json:"primary"`
 				} `json:"routing"`
 				SeqNo struct {
-					LocalCheckpoint int64 `json:"local_checkpoint"`
+					GlobalCheckpoint int64 `json:"global_checkpoint"`
 				} `json:"seq_no"`
 			} `json:"shards"`
 		} `json:"indices"`
@@ -688,7 +688,7 @@ func shardCheckpoints(ctx context.Context, es *elasticsearch.Client, index strin
 	for shard, copies := range out.Indices[index].Shards {
 		for _, c := range copies {
 			if c.Routing.Primary {
-				cps[shard] = c.SeqNo.LocalCheckpoint
+				cps[shard] = c.SeqNo.GlobalCheckpoint
 			}
 		}
 	}

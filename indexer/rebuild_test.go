@@ -170,100 +170,12 @@ func TestRebuild(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	t.Run("a rebuild killed during the copy and during the catch-up, run again while 8 writers change rows, the relay is killed once and a searcher polls the name, swaps to the new mapping without losing a write", func(t *testing.T) {
-		t.Parallel()
-		rows := rebuildDocs(t)
-		e := setupRebuild(t, rows)
-		old, next := FirstIndex(e.name), e.name+"-000002"
-		stopRelay := e.startRelay(t)
-		wr := e.startWriters(t, 8, rows)
-		search := startSearcher(t, e.es, e.name)
-		started := time.Now()
-
-		// Killed during the copy.
-		o := e.rebuildOpts()
-		o.Batch = 500
-		_, err := Rebuild(cancelWhen(func() bool {
-			var n int64
-			_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(copied), 0) FROM "`+e.schema+`".rebuilds`).Scan(&n)
-			return n >= int64(rows/3)
-		}), o)
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("first run: %v; want it cancelled during the copy", err)
-		}
-		if p, n := e.phase(t); p != PhaseCopying || n >= int64(rows) {
-			t.Fatalf("after the first run: phase %s, %d copied", p, n)
-		}
-		if got := aliasTarget(t, e.es, e.name); got != old {
-			t.Fatalf("during the copy %s points at %s", e.name, got)
-		}
-		// The relay dies abruptly once, and another takes over.
-		stopRelay()
-		stopRelay = e.startRelay(t)
-
-		// Killed during the catch-up: rounds never get small enough, so it
-		// catches up until cancelled.
-		o.SwapDelta, o.MaxRounds = -1, 1_000_000
-		var sawCatchUp time.Time
-		_, err = Rebuild(cancelWhen(func() bool {
-			if sawCatchUp.IsZero() {
-				if p, _ := e.phase(t); p == PhaseCatchingUp {
-					sawCatchUp = time.Now()
-				}
-				return false
-			}
-			return time.Since(sawCatchUp) > 500*time.Millisecond
-		}), o)
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("second run: %v; want it cancelled during the catch-up", err)
-		}
-		if p, _ := e.phase(t); p != PhaseCatchingUp {
-			t.Fatalf("after the second run: phase %s", p)
-		}
-		if got := aliasTarget(t, e.es, e.name); got != old {
-			t.Fatalf("during the catch-up %s points at %s", e.name, got)
-		}
-
-		rep, err := Rebuild(ctx, e.rebuildOpts())
-		if err != nil {
-			t.Fatal(err)
-		}
-		took := time.Since(started)
-		if rep.Resumed != PhaseCatchingUp || !rep.Swapped || rep.NewIndex != next || rep.Rejected != 0 {
-			t.Fatalf("third run: %+v", rep)
-		}
-		// Writes keep arriving through the new index for a while.
-		time.Sleep(time.Second)
-		updates, deletes := wr.stop(t)
-		e.waitBacklog(t)
-		stopRelay()
-		search.stop(t)
-		t.Logf("rebuild of %d documents: %s in three runs (the last %.1fs, %d copied); last run %d catch-up rounds, %d caught up; writers: %d updates, %d deletes",
-			rows, took.Round(time.Millisecond), rep.Seconds, rep.Copied, rep.Rounds, rep.CaughtUp, updates, deletes)
-
-		for _, a := range []string{e.name, WriteAlias(e.name), ReadAlias(e.name)} {
-			if got := aliasTarget(t, e.es, a); got != next {
-				t.Fatalf("%s points at %s, want %s", a, got, next)
-			}
-		}
-		e.assertProjection(t)
-		st, b := esCall(t, e.es, "GET", "/"+next+"/_mapping/field/title", "")
-		if st != 200 || !strings.Contains(string(b), `"type":"text"`) {
-			t.Fatalf("mapping of title in %s: %d %s", next, st, b)
-		}
-		if n := countMatch(t, e.es, e.name, "edited"); n == 0 {
-			t.Fatal("a word of a text title finds nothing")
-		}
-
-		dropped, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name)
-		if err != nil || len(dropped) != 1 || dropped[0] != old {
-			t.Fatalf("drop old: %v, %v", dropped, err)
-		}
-		if ok, _ := indexExists(ctx, e.es, old); ok {
-			t.Fatalf("%s still exists", old)
-		}
-		e.assertProjection(t)
-	})
+	for _, from := range []string{"index", "source"} {
+		t.Run("a rebuild from the "+from+" killed during the copy and during the catch-up, run again while 8 writers change rows, the relay is SIGKILLed once and a searcher polls the name, swaps to the new mapping without losing a write", func(t *testing.T) {
+			t.Parallel()
+			proveRebuild(t, from)
+		})
+	}
 
 	t.Run("documents the new mapping refuses are reported and stop the swap until accepted", func(t *testing.T) {
 		t.Parallel()
@@ -373,6 +285,73 @@ func TestRebuild(t *testing.T) {
 		}
 	})
 
+	t.Run("writes that reach the old index after the swap are copied by the final catch-up and by drop-old", func(t *testing.T) {
+		t.Parallel()
+		e := setupRebuild(t, 10)
+		old := FirstIndex(e.name)
+		o := e.rebuildOpts()
+		o.Grace = 2 * time.Second
+		// A bulk request that resolved N-write just before the swap lands
+		// in the old index just after it.
+		late := make(chan int, 1)
+		go func() {
+			deadline := time.Now().Add(time.Minute)
+			for time.Now().Before(deadline) {
+				var p string
+				_ = e.pool.QueryRow(ctx, `SELECT phase FROM "`+e.schema+`".rebuilds`).Scan(&p)
+				if p == PhaseSwapped {
+					st, _ := esCall(t, e.es, "PUT", "/"+old+"/_doc/a0000001?version=50&version_type=external", `{"title":"late"}`)
+					late <- st
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			late <- 0
+		}()
+		rep, err := Rebuild(ctx, o)
+		if err != nil || !rep.Swapped {
+			t.Fatalf("rebuild: %+v, %v", rep, err)
+		}
+		if st := <-late; st != 201 && st != 200 {
+			t.Fatalf("the late write: HTTP %d", st)
+		}
+		if d := getDoc(t, e.es, e.name, "a0000001"); d.Version != 50 || !strings.Contains(string(d.Source), "late") {
+			t.Fatalf("after the final catch-up: %+v", d)
+		}
+		// Later still: only drop-old can catch it.
+		esCall(t, e.es, "PUT", "/"+old+"/_doc/a0000002?version=60&version_type=external", `{"outboxd_deleted":true}`)
+		if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+			t.Fatal(err)
+		}
+		if d := getDoc(t, e.es, WriteAlias(e.name), "a0000002"); d.Version != 60 || !isTombstone(d.Source) {
+			t.Fatalf("after drop-old: %+v", d)
+		}
+		if docs := searchRead(t, e.es, e.name); len(docs) != 9 {
+			t.Fatalf("%d documents visible, want 9", len(docs))
+		}
+	})
+
+	t.Run("a rebuild killed after the swap but before storing it is finished by the next run and cannot be aborted", func(t *testing.T) {
+		t.Parallel()
+		e := setupRebuild(t, 10)
+		if _, err := Rebuild(ctx, e.rebuildOpts()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(ctx, `UPDATE "`+e.schema+`".rebuilds SET phase = 'catching_up', swapped_at = NULL, finished_at = NULL`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := AbortRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "already swapped") {
+			t.Fatalf("abort: %v", err)
+		}
+		rep, err := Rebuild(ctx, e.rebuildOpts())
+		if err != nil || rep.Resumed != PhaseSwapped || rep.NewIndex != e.name+"-000002" {
+			t.Fatalf("rerun: %+v, %v", rep, err)
+		}
+		if p, _ := e.phase(t); p != PhaseDone {
+			t.Fatalf("phase %s", p)
+		}
+	})
+
 	t.Run("bad options are refused naming the option", func(t *testing.T) {
 		t.Parallel()
 		pool, es := new(pgxpool.Pool), new(elasticsearch.Client) // refused before any use
@@ -406,4 +385,108 @@ func countMatch(t *testing.T, es *elasticsearch.Client, name, word string) int64
 		t.Fatalf("count: %d %s", st, b)
 	}
 	return out.Count
+}
+
+// proveRebuild runs a rebuild from the index or from the source through
+// two kills, with writers, a relay SIGKILLed once and a searcher, and
+// checks the new index against the table.
+func proveRebuild(t *testing.T, from string) {
+	ctx := context.Background()
+	rows := rebuildDocs(t)
+	e := setupRebuild(t, rows)
+	old, next := FirstIndex(e.name), e.name+"-000002"
+	kill := e.startRelayProcess(t)
+	wr := e.startWriters(t, 8, rows)
+	search := startSearcher(t, e.es, e.name)
+	started := time.Now()
+
+	// Killed during the copy.
+	o := e.rebuildOpts()
+	o.Batch = 500
+	if from == "source" {
+		o.From, o.SourceSQL = "source", e.sourceSQL()
+	}
+	_, err := Rebuild(cancelWhen(func() bool {
+		var n int64
+		_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(copied), 0) FROM "`+e.schema+`".rebuilds`).Scan(&n)
+		return n >= int64(rows/3)
+	}), o)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("first run: %v; want it cancelled during the copy", err)
+	}
+	if p, n := e.phase(t); p != PhaseCopying || n >= int64(rows) {
+		t.Fatalf("after the first run: phase %s, %d copied", p, n)
+	}
+	if got := aliasTarget(t, e.es, e.name); got != old {
+		t.Fatalf("during the copy %s points at %s", e.name, got)
+	}
+	// The relay dies abruptly once, and another takes over.
+	kill()
+	stopRelay := e.startRelay(t)
+
+	// Killed during the catch-up: rounds never get small enough, so it
+	// catches up until cancelled.
+	o.SwapDelta, o.MaxRounds = -1, 1_000_000
+	var sawCatchUp time.Time
+	_, err = Rebuild(cancelWhen(func() bool {
+		if sawCatchUp.IsZero() {
+			var p string
+			_ = e.pool.QueryRow(ctx, `SELECT phase FROM "`+e.schema+`".rebuilds`).Scan(&p)
+			if p == PhaseCatchingUp {
+				sawCatchUp = time.Now()
+			}
+			return false
+		}
+		return time.Since(sawCatchUp) > 500*time.Millisecond
+	}), o)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("second run: %v; want it cancelled during the catch-up", err)
+	}
+	if p, _ := e.phase(t); p != PhaseCatchingUp {
+		t.Fatalf("after the second run: phase %s", p)
+	}
+	if got := aliasTarget(t, e.es, e.name); got != old {
+		t.Fatalf("during the catch-up %s points at %s", e.name, got)
+	}
+
+	o.SwapDelta, o.MaxRounds = 0, 0
+	rep, err := Rebuild(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(started)
+	if rep.Resumed != PhaseCatchingUp || !rep.Swapped || rep.NewIndex != next || rep.Rejected != 0 {
+		t.Fatalf("third run: %+v", rep)
+	}
+	// Writes keep arriving through the new index for a while.
+	time.Sleep(time.Second)
+	updates, deletes := wr.stop(t)
+	e.waitBacklog(t)
+	stopRelay()
+	search.stop(t)
+	t.Logf("rebuild from the %s of %d documents: %s in three runs (the last %.1fs, %d copied); last run %d catch-up rounds, %d caught up; writers: %d updates, %d deletes",
+		from, rows, took.Round(time.Millisecond), rep.Seconds, rep.Copied, rep.Rounds, rep.CaughtUp, updates, deletes)
+
+	for _, a := range []string{e.name, WriteAlias(e.name), ReadAlias(e.name)} {
+		if got := aliasTarget(t, e.es, a); got != next {
+			t.Fatalf("%s points at %s, want %s", a, got, next)
+		}
+	}
+	e.assertProjection(t)
+	st, b := esCall(t, e.es, "GET", "/"+next+"/_mapping/field/title", "")
+	if st != 200 || !strings.Contains(string(b), `"type":"text"`) {
+		t.Fatalf("mapping of title in %s: %d %s", next, st, b)
+	}
+	if n := countMatch(t, e.es, e.name, "edited"); n == 0 {
+		t.Fatal("a word of a text title finds nothing")
+	}
+
+	dropped, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name)
+	if err != nil || len(dropped) != 1 || dropped[0] != old {
+		t.Fatalf("drop old: %v, %v", dropped, err)
+	}
+	if ok, _ := indexExists(ctx, e.es, old); ok {
+		t.Fatalf("%s still exists", old)
+	}
+	e.assertProjection(t)
 }
