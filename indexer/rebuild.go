@@ -186,6 +186,7 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 			if err != nil {
 				return rep, err
 			}
+			o.Logger.Info("rebuild caught up", "index", o.Index, "round", rep.Rounds, "documents", n)
 			if n <= int64(o.SwapDelta) {
 				break
 			}
@@ -362,7 +363,7 @@ func (r *rebuilder) copyAll(ctx context.Context, rep *RebuildReport) error {
 		return err
 	}
 	tombstones := json.RawMessage(`{"term":{"outboxd_deleted":true}}`)
-	w := r.newWriter(ctx)
+	w := r.newWriter(ctx, true)
 	if r.o.From == "source" {
 		if total, err = scanCountQuery(ctx, r.o.ES, r.cur.Old, tombstones); err != nil {
 			return err
@@ -454,7 +455,7 @@ func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
 	if _, err := perform(ctx, r.o.ES, "refresh "+r.cur.Old, esapi.IndicesRefreshRequest{Index: []string{r.cur.Old}}); err != nil {
 		return 0, err
 	}
-	w := r.newWriter(ctx)
+	w := r.newWriter(ctx, false)
 	for shard, cp := range r.cur.Checkpoints {
 		if err := r.scanShard(ctx, shard, cp, w); err != nil {
 			return 0, w.abandon(err)

@@ -24,21 +24,22 @@ type copyDoc struct {
 // version again (a copy repeated after a restart, or the source's row for
 // what the index holds) overwrites, an older one is a conflict and loses.
 type copyWriter struct {
-	r      *rebuilder
-	ctx    context.Context
-	cancel context.CancelFunc
-	batch  []copyDoc
-	queue  chan []copyDoc
-	wg     sync.WaitGroup
+	r       *rebuilder
+	counted bool // the copy phase: counted in the rebuilds table and the progress bar
+	ctx     context.Context
+	cancel  context.CancelFunc
+	batch   []copyDoc
+	queue   chan []copyDoc
+	wg      sync.WaitGroup
 
 	mu     sync.Mutex
 	copied int64
 	err    error
 }
 
-func (r *rebuilder) newWriter(ctx context.Context) *copyWriter {
+func (r *rebuilder) newWriter(ctx context.Context, counted bool) *copyWriter {
 	ctx, cancel := context.WithCancel(ctx)
-	w := &copyWriter{r: r, ctx: ctx, cancel: cancel, queue: make(chan []copyDoc, r.o.Workers)}
+	w := &copyWriter{r: r, counted: counted, ctx: ctx, cancel: cancel, queue: make(chan []copyDoc, r.o.Workers)}
 	for range r.o.Workers {
 		w.wg.Add(1)
 		go func() {
@@ -48,7 +49,7 @@ func (r *rebuilder) newWriter(ctx context.Context) *copyWriter {
 					continue
 				}
 				n, err := w.send(docs)
-				if err == nil {
+				if err == nil && w.counted {
 					err = w.r.st.addCopied(w.ctx, n)
 				}
 				w.mu.Lock()
@@ -58,7 +59,9 @@ func (r *rebuilder) newWriter(ctx context.Context) *copyWriter {
 					w.cancel()
 				}
 				w.mu.Unlock()
-				w.r.o.Progress.Add(int64(len(docs)))
+				if w.counted {
+					w.r.o.Progress.Add(int64(len(docs)))
+				}
 			}
 		}()
 	}
@@ -129,8 +132,8 @@ func (w *copyWriter) reject(id, reason string) {
 }
 
 // send writes docs, retrying what Elasticsearch answered 429, 408 or 5xx
-// (up to 10 times per document, the whole request up to OutageTimeout
-// when unreachable), halving a request refused as a whole with 400 or 413
+// (up to 10 times per document; a whole request, or an unreachable
+// cluster, up to OutageTimeout), halving a request refused as a whole with 400 or 413
 // until the bad document stands alone, and recording refused documents.
 func (w *copyWriter) send(docs []copyDoc) (int64, error) {
 	var done int64
@@ -232,7 +235,9 @@ func (w *copyWriter) bulk(docs []copyDoc, last bool) (int64, []copyDoc, error) {
 		w.reject(docs[0].id, responseError("bulk", res.StatusCode, body).Error())
 		return 0, nil, nil
 	case res.StatusCode == 429 || res.StatusCode == 408 || res.StatusCode >= 500:
-		return 0, docs, nil
+		// The cluster's state, not the documents': waited out like an
+		// unreachable cluster.
+		return 0, nil, &UnavailableError{Err: responseError("rebuild bulk", res.StatusCode, body)}
 	}
 	return 0, nil, responseError("rebuild bulk", res.StatusCode, body)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/schema"
@@ -181,6 +182,10 @@ func Rebuilds(ctx context.Context, db interface {
 	}
 	rows, err := db.Query(ctx, `SELECT index_name, old_index, new_index, phase, copied, total, rejected, started_at, updated_at
 FROM `+id+`.rebuilds WHERE phase IN ('copying', 'catching_up', 'swapped') ORDER BY started_at`)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P01" {
+		return nil, nil // a schema not migrated yet has no rebuilds
+	}
 	if err != nil {
 		return nil, fmt.Errorf("indexer: rebuilds: %w", err)
 	}

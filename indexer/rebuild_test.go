@@ -416,6 +416,8 @@ func proveRebuild(t *testing.T, from string) {
 	}
 	if p, n := e.phase(t); p != PhaseCopying || n >= int64(rows) {
 		t.Fatalf("after the first run: phase %s, %d copied", p, n)
+	} else {
+		t.Logf("first run: %d copied in %s, then killed", n, time.Since(started).Round(time.Millisecond))
 	}
 	if got := aliasTarget(t, e.es, e.name); got != old {
 		t.Fatalf("during the copy %s points at %s", e.name, got)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"time"
 
@@ -97,7 +98,7 @@ Flags:
 	o := indexer.RebuildOptions{
 		Pool: pool, Schema: db.schema, ES: client, Index: *index, From: *from, SourceSQL: *sourceSQL,
 		AcceptRejected: *acceptRejected, Keep: *keep, SwapDelta: *swapDelta, Grace: *grace,
-		Batch: *batch, Workers: *workers, SourceTimeout: *sourceTimeout, OutageTimeout: *outage,
+		Batch: *batch, Workers: *workers, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Logger: slog.Default(),
 	}
 	for _, f := range []struct {
 		flag, path string
