@@ -207,7 +207,15 @@ func TestRebuild(t *testing.T) {
 		e := setupRebuild(t, 3000)
 		o := e.rebuildOpts()
 		o.Batch = 100
-		_, err := Rebuild(cancelWhen(func() bool {
+		_, unlock, err := lockRebuild(ctx, e.pool, e.schema, e.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Rebuild(ctx, o); err == nil || !strings.Contains(err.Error(), "another rebuild") {
+			t.Fatalf("a second rebuild at once: %v", err)
+		}
+		unlock()
+		_, err = Rebuild(cancelWhen(func() bool {
 			var n int64
 			_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(copied), 0) FROM "`+e.schema+`".rebuilds`).Scan(&n)
 			return n >= 500
