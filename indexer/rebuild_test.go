@@ -339,6 +339,31 @@ func TestRebuild(t *testing.T) {
 		}
 	})
 
+	t.Run("a bootstrap that found the old index behind the write alias just before the swap looks again instead of putting the names back on it", func(t *testing.T) {
+		t.Parallel()
+		e := setupRebuild(t, 3)
+		if _, err := Rebuild(ctx, e.rebuildOpts()); err != nil {
+			t.Fatal(err)
+		}
+		// What a relay starting during the swap saw: N-write on the old
+		// index when it resolved the names, and the aliases read after.
+		done, err := checkAliases(ctx, e.es, e.name, FirstIndex(e.name), true)
+		if err != nil || done {
+			t.Fatalf("checkAliases: %v, %v; want it to look again", done, err)
+		}
+		for _, a := range []string{e.name, WriteAlias(e.name), ReadAlias(e.name)} {
+			if got := aliasTarget(t, e.es, a); got != e.name+"-000002" {
+				t.Fatalf("%s points at %s", a, got)
+			}
+		}
+		if err := Bootstrap(ctx, e.es, e.name, nil); err != nil {
+			t.Fatal(err)
+		}
+		if docs := searchRead(t, e.es, e.name); len(docs) != 3 {
+			t.Fatalf("%d documents visible after a bootstrap, want 3", len(docs))
+		}
+	})
+
 	t.Run("a rebuild killed after the swap but before storing it is finished by the next run and cannot be aborted", func(t *testing.T) {
 		t.Parallel()
 		e := setupRebuild(t, 10)
