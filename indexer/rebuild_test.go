@@ -29,6 +29,11 @@ const (
 // (title a keyword), and whose later concrete indices are deleted when the
 // test ends.
 func setupRebuild(t *testing.T, rows int) *backfillEnv {
+	return setupRebuildSpec(t, rows, keywordSpec)
+}
+
+// setupRebuildSpec is setupRebuild with the index made from spec.
+func setupRebuildSpec(t *testing.T, rows int, spec string) *backfillEnv {
 	t.Helper()
 	e := setupBackfill(t, rows)
 	t.Cleanup(func() {
@@ -41,7 +46,7 @@ func setupRebuild(t *testing.T, rows int) *backfillEnv {
 			}
 		}
 	})
-	if _, err := Backfill(context.Background(), e.opts(newSink(t, Options{Client: e.es, IndexSpec: []byte(keywordSpec)}))); err != nil {
+	if _, err := Backfill(context.Background(), e.opts(newSink(t, Options{Client: e.es, IndexSpec: []byte(spec)}))); err != nil {
 		t.Fatal(err)
 	}
 	refresh(t, e.es, e.name)
@@ -426,7 +431,13 @@ func countMatch(t *testing.T, es *elasticsearch.Client, name, word string) int64
 func proveRebuild(t *testing.T, from string) {
 	ctx := context.Background()
 	rows := rebuildDocs(t)
-	e := setupRebuild(t, rows)
+	// Three shards from the index: checkpoints and catch-up are per shard,
+	// and the new index takes the old one's settings.
+	spec := keywordSpec
+	if from == "index" {
+		spec = `{"settings":{"index":{"number_of_shards":3,"number_of_replicas":0}},"mappings":{"properties":{"title":{"type":"keyword"}}}}`
+	}
+	e := setupRebuildSpec(t, rows, spec)
 	old, next := FirstIndex(e.name), e.name+"-000002"
 	kill := e.startRelayProcess(t)
 	wr := e.startWriters(t, 8, rows)
@@ -508,6 +519,11 @@ func proveRebuild(t *testing.T, from string) {
 		}
 	}
 	e.assertProjection(t)
+	if from == "index" {
+		if st, b := esCall(t, e.es, "GET", "/"+next+"/_settings/index.number_of_shards", ""); st != 200 || !strings.Contains(string(b), `"number_of_shards":"3"`) {
+			t.Fatalf("shards of %s: %d %s", next, st, b)
+		}
+	}
 	st, b := esCall(t, e.es, "GET", "/"+next+"/_mapping/field/title", "")
 	if st != 200 || !strings.Contains(string(b), `"type":"text"`) {
 		t.Fatalf("mapping of title in %s: %d %s", next, st, b)
