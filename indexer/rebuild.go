@@ -457,7 +457,7 @@ func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
 	}
 	w := r.newWriter(ctx, false)
 	for shard, cp := range r.cur.Checkpoints {
-		if err := r.scanShard(ctx, shard, cp, w); err != nil {
+		if err := r.scanShard(ctx, shard, cp, next[shard], w); err != nil {
 			return 0, w.abandon(err)
 		}
 	}
@@ -469,26 +469,27 @@ func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
 	return n, r.st.setCheckpoints(ctx, next)
 }
 
-// scanShard pages through one shard's documents with _seq_no above cp.
-// No point in time: a document changed meanwhile moves to a higher
-// _seq_no, which this scan or the next round sees.
-func (r *rebuilder) scanShard(ctx context.Context, shard string, cp int64, w *copyWriter) error {
-	after := cp
-	for {
+// scanShard copies one shard's documents with _seq_no in (from, to]. A
+// shard numbers its operations densely, so a window of Batch numbers holds
+// at most Batch live documents and one request per window reads them all:
+// unlike paging through "everything above from" sorted by _seq_no, each
+// request costs its window, not the whole rest of the shard. No point in
+// time: a document changed meanwhile moves to a higher _seq_no, which a
+// later window or the next round sees.
+func (r *rebuilder) scanShard(ctx context.Context, shard string, from, to int64, w *copyWriter) error {
+	op := "catch up " + r.cur.Old + " shard " + shard
+	for lo := from; lo < to; lo += int64(r.o.Batch) {
 		body, _ := json.Marshal(map[string]any{
-			"size":                r.o.Batch,
-			"query":               map[string]any{"range": map[string]any{"_seq_no": map[string]int64{"gt": after}}},
-			"sort":                []any{map[string]string{"_seq_no": "asc"}},
-			"version":             true,
-			"seq_no_primary_term": true,
-			"track_total_hits":    false,
+			"size":             r.o.Batch,
+			"query":            map[string]any{"range": map[string]any{"_seq_no": map[string]int64{"gt": lo, "lte": min(lo+int64(r.o.Batch), to)}}},
+			"version":          true,
+			"track_total_hits": false,
 		})
 		var page struct {
 			Hits struct {
 				Hits []ScanHit `json:"hits"`
 			} `json:"hits"`
 		}
-		op := "catch up " + r.cur.Old + " shard " + shard
 		if err := scanDo(ctx, r.o.ES, op, esapi.SearchRequest{Index: []string{r.cur.Old}, Preference: "_shards:" + shard, Body: bytes.NewReader(body)}, &page); err != nil {
 			return err
 		}
@@ -496,12 +497,9 @@ func (r *rebuilder) scanShard(ctx context.Context, shard string, cp int64, w *co
 			if err := w.add(copyDoc{id: h.ID, version: h.Version, source: h.Source}); err != nil {
 				return err
 			}
-			after = max(after, h.SeqNo)
-		}
-		if len(page.Hits.Hits) < r.o.Batch {
-			return nil
 		}
 	}
+	return nil
 }
 
 // swap moves the three names in one atomic request. The remove of N-write
