@@ -55,8 +55,9 @@ type RebuildOptions struct {
 	// until DropOldIndex.
 	Keep time.Duration
 	// SwapDelta: catch-up rounds repeat until one copies at most this many
-	// documents (default 1000) or MaxRounds (default 20) have run. It only
-	// bounds how much the final catch-up has to do.
+	// documents (default 1000), a round shrinks by less than a quarter (the
+	// floor the write rate sets), or MaxRounds (default 20) have run. It
+	// only bounds how much the final catch-up has to do.
 	SwapDelta int
 	MaxRounds int
 	// Grace is how long the final catch-up waits after the swap for bulk
@@ -179,6 +180,10 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		}
 	}
 	if cur.Phase == PhaseCatchingUp {
+		// Each round copies what was written during the previous one, so
+		// rounds shrink until they reach what the write rate adds during a
+		// round; more rounds after that gain nothing.
+		prev := int64(-1)
 		for rep.Rounds < o.MaxRounds {
 			n, err := r.catchUp(ctx)
 			rep.Rounds++
@@ -187,9 +192,10 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 				return rep, err
 			}
 			o.Logger.Info("rebuild caught up", "index", o.Index, "round", rep.Rounds, "documents", n)
-			if n <= int64(o.SwapDelta) {
+			if n <= int64(o.SwapDelta) || (prev >= 0 && 4*n > 3*prev) {
 				break
 			}
+			prev = n
 		}
 		rep.Rejected, rep.Samples = cur.Rejected, cur.Samples
 		if cur.Rejected > 0 && !o.AcceptRejected {

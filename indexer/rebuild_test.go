@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -95,6 +96,23 @@ func cancelWhen(cond func() bool) context.Context {
 		}
 	}()
 	return ctx
+}
+
+// cancelOn is a log handler that cancels a run when it logs msg: a kill
+// at a precise point of a rebuild.
+type cancelOn struct {
+	msg    string
+	cancel func()
+}
+
+func (h cancelOn) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelOn) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h cancelOn) WithGroup(string) slog.Handler            { return h }
+func (h cancelOn) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.cancel()
+	}
+	return nil
 }
 
 // searcher polls N with random searches, as an application would, and
@@ -470,21 +488,14 @@ func proveRebuild(t *testing.T, from string) {
 	kill()
 	stopRelay := e.startRelay(t)
 
-	// Killed during the catch-up: rounds never get small enough, so it
-	// catches up until cancelled.
-	o.SwapDelta, o.MaxRounds = -1, 1_000_000
-	var sawCatchUp time.Time
-	_, err = Rebuild(cancelWhen(func() bool {
-		if sawCatchUp.IsZero() {
-			var p string
-			_ = e.pool.QueryRow(ctx, `SELECT phase FROM "`+e.schema+`".rebuilds`).Scan(&p)
-			if p == PhaseCatchingUp {
-				sawCatchUp = time.Now()
-			}
-			return false
-		}
-		return time.Since(sawCatchUp) > 500*time.Millisecond
-	}), o)
+	// Killed during the catch-up, once a round has stored its checkpoints:
+	// the copy starts over (it was interrupted), then the first round's
+	// log line cancels the run before its next request.
+	cctx, cancel := context.WithCancel(ctx)
+	o.Logger = slog.New(cancelOn{msg: "rebuild caught up", cancel: cancel})
+	_, err = Rebuild(cctx, o)
+	cancel()
+	o.Logger = nil
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("second run: %v; want it cancelled during the catch-up", err)
 	}
@@ -495,7 +506,6 @@ func proveRebuild(t *testing.T, from string) {
 		t.Fatalf("during the catch-up %s points at %s", e.name, got)
 	}
 
-	o.SwapDelta, o.MaxRounds = 0, 0
 	rep, err := Rebuild(ctx, o)
 	if err != nil {
 		t.Fatal(err)

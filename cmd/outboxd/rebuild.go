@@ -32,7 +32,7 @@ func runRebuild(ctx context.Context, args []string) error {
 	dropOld := fs.Bool("drop-old", false, "delete the index a finished rebuild swapped away from instead")
 	batch := fs.Int("batch", 1000, "documents per bulk request")
 	workers := fs.Int("bulk-workers", 4, "bulk requests at once")
-	swapDelta := fs.Int("swap-delta", 1000, "swap once a catch-up round copies at most this many documents")
+	swapDelta := fs.Int("swap-delta", 1000, "swap once a catch-up round copies at most this many documents (or rounds stop shrinking)")
 	grace := fs.Duration("grace", 2*time.Second, "wait after the swap before the final catch-up from the old index")
 	sourceTimeout := fs.Duration("source-timeout", 10*time.Minute, "statement timeout of each cursor fetch (--from source)")
 	outage := fs.Duration("outage-timeout", 5*time.Minute, "give up (resumable) after Elasticsearch was unreachable this long")
