@@ -228,7 +228,7 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 		}
 		return false, err
 	}
-	return checkAliases(ctx, es, name, index)
+	return checkAliases(ctx, es, name, index, r.alias(write) != nil)
 }
 
 // foreignTarget refuses alias (one of name's) pointing at index other
@@ -290,7 +290,11 @@ func aliasesJSON(name string) string {
 // upgrade from the layout where name was the unfiltered write alias). An
 // "add" of an existing alias replaces its definition, so searches on name
 // never find it missing. Anything else shaped differently is refused.
-func checkAliases(ctx context.Context, es *elasticsearch.Client, name, index string) (bool, error) {
+// viaWrite says index was found behind the write alias: if the alias is no
+// longer on it, a rebuild has just moved the names to another index, and
+// putting them back on this one would fail (N-write would have two write
+// indices) or make N span both; look again instead.
+func checkAliases(ctx context.Context, es *elasticsearch.Client, name, index string, viaWrite bool) (bool, error) {
 	write, read := WriteAlias(name), ReadAlias(name)
 	raw, err := perform(ctx, es, "get aliases", esapi.IndicesGetAliasRequest{Index: []string{index}})
 	if err != nil {
@@ -306,6 +310,9 @@ func checkAliases(ctx context.Context, es *elasticsearch.Client, name, index str
 		return false, fmt.Errorf("indexer: get aliases: %w", err)
 	}
 	have := got[index].Aliases
+	if _, ok := have[write]; !ok && viaWrite {
+		return false, nil
+	}
 	var actions []string
 	add := func(alias, def string) {
 		ix, _ := json.Marshal(index)

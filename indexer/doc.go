@@ -14,7 +14,8 @@
 // earlier releases (N the unfiltered write alias) in place with one atomic
 // _aliases request, and refuses, changing nothing, an N that is a concrete
 // index, an alias over several indices (versions are only compared within
-// one index, so rollover is not supported), an alias of the layout
+// one index, so rollover is not supported; Rebuild moves all three names
+// at once instead), an alias of the layout
 // pointing at another index, or an N-read with another filter.
 //
 // # Versions
@@ -79,6 +80,21 @@
 // runs Options.Workers requests at once; Write returns when all are done,
 // which is the back-pressure the relay needs. Write is safe to call
 // concurrently (the relay keeps several pages in flight).
+//
+// # Rebuild
+//
+// Rebuild moves a name to new mappings or settings: it creates the next
+// concrete index (N-000002 after N-000001), copies the current one into it
+// (or the rows of a query plus the current index's tombstones) at each
+// document's own version with external_gte, catches up by _seq_no above
+// per-shard global checkpoints recorded before the copy, and moves N,
+// N-write and N-read in one _aliases request whose remove of N-write must
+// find it on the old index. Versions make the order of copies and live
+// writes irrelevant. Writes that reached the old index just before the
+// swap are copied by a final catch-up and again before DropOldIndex
+// deletes it. The state is a row of <schema>.rebuilds; a rebuild killed
+// at any point continues when run again, and N always points at a
+// complete index.
 //
 // # Repair and reconcile
 //

@@ -232,3 +232,54 @@ func TestLayout(t *testing.T) {
 		}
 	})
 }
+
+func TestBootstrapAfterASwap(t *testing.T) {
+	t.Parallel()
+
+	t.Run("a bootstrap that found the old index behind the write alias just before a swap looks again instead of putting the names back on it", func(t *testing.T) {
+		t.Parallel()
+		es, name := setup(t)
+		ctx := context.Background()
+		s := newSink(t, Options{Client: es})
+		mustWrite(t, s, upsert(name, "a", 1, `{}`))
+		second := name + "-000002"
+		t.Cleanup(func() { esCall(t, es, "DELETE", "/"+second, "") })
+		if st, b := esCall(t, es, "PUT", "/"+second, `{"settings":{"number_of_replicas":0}}`); st != 200 {
+			t.Fatalf("create %s: %d %s", second, st, b)
+		}
+		// What outboxd rebuild's swap does, in one atomic request.
+		swap := `{"actions":[`
+		for i, a := range []string{name, WriteAlias(name), ReadAlias(name)} {
+			def := `,"filter":` + ReadFilter
+			if a == WriteAlias(name) {
+				def = `,"is_write_index":true`
+			}
+			if i > 0 {
+				swap += ","
+			}
+			swap += `{"remove":{"index":"` + FirstIndex(name) + `","alias":"` + a + `"}},{"add":{"index":"` + second + `","alias":"` + a + `"` + def + `}}`
+		}
+		if st, b := esCall(t, es, "POST", "/_aliases", swap+`]}`); st != 200 {
+			t.Fatalf("swap: %d %s", st, b)
+		}
+		// A relay that resolved N-write to the old index just before the
+		// swap and reads the old index's aliases just after.
+		done, err := checkAliases(ctx, es, name, FirstIndex(name), true)
+		if err != nil || done {
+			t.Fatalf("checkAliases = %v, %v; want it to look again", done, err)
+		}
+		st, b := esCall(t, es, "GET", "/"+FirstIndex(name)+"/_alias", "")
+		if st != 200 || strings.Contains(string(b), WriteAlias(name)) {
+			t.Fatalf("the old index got its aliases back: %d %s", st, b)
+		}
+		if err := Bootstrap(ctx, es, name, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := statuses(mustWrite(t, s, upsert(name, "b", 1, `{}`))); got != "applied" {
+			t.Fatalf("write after the swap: %s", got)
+		}
+		if d := getDoc(t, es, second, "b"); !d.Found {
+			t.Fatalf("the write did not reach %s", second)
+		}
+	})
+}

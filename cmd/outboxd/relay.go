@@ -233,6 +233,9 @@ func runRelay(ctx context.Context, args []string) error {
 				"relay":         func(context.Context) error { return r.Health() },
 			},
 			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
+			Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
+				return repair.Rebuilds(ctx, pool, db.schema)
+			},
 		})
 		if err != nil {
 			return err

@@ -8,6 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,8 +54,6 @@ func setupBackfill(t *testing.T, rows int) *backfillEnv {
 	return e
 }
 
-// backfillIndex is a client and a fresh index name for the sink to
-// bootstrap, with its concrete index deleted afterwards.
 func backfillIndex(t *testing.T) (*elasticsearch.Client, string) {
 	t.Helper()
 	es, err := indexer.NewClient(indexer.ClientConfig{Addresses: []string{schematest.ElasticsearchURL(t)}, Timeout: time.Minute})
@@ -150,6 +151,157 @@ func (e *backfillEnv) assertProjection(t *testing.T) {
 	}
 }
 
+// writers update and delete random rows of a backfillEnv's table, each
+// change with its outbox event in one transaction, as an application
+// would.
+type writers struct {
+	done             chan struct{}
+	wg               sync.WaitGroup
+	updates, deletes atomic.Int64
+}
+
+func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
+	t.Helper()
+	ctx := context.Background()
+	ob, err := outbox.NewOutbox(e.schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wr := &writers{done: make(chan struct{})}
+	for w := range n {
+		wr.wg.Add(1)
+		go func() {
+			defer wr.wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 7))
+			for {
+				select {
+				case <-wr.done:
+					return
+				default:
+				}
+				id := fmt.Sprintf("a%07d", 1+rnd.IntN(rows))
+				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					var v int64
+					var doc []byte
+					if rnd.IntN(5) == 0 {
+						err := tx.QueryRow(ctx, `DELETE FROM `+e.table+` WHERE id = $1 RETURNING version`, id).Scan(&v)
+						if errors.Is(err, pgx.ErrNoRows) {
+							return nil
+						}
+						if err != nil {
+							return err
+						}
+						wr.deletes.Add(1)
+						_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.name, SourceID: id, Version: v + 1, Op: outbox.OpDelete})
+						return err
+					}
+					err := tx.QueryRow(ctx, `UPDATE `+e.table+` SET version = version + 1, title = 'edited ' || (version + 1) WHERE id = $1 RETURNING version, `+docSQL, id).Scan(&v, &doc)
+					if errors.Is(err, pgx.ErrNoRows) {
+						return nil
+					}
+					if err != nil {
+						return err
+					}
+					wr.updates.Add(1)
+					_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.name, SourceID: id, Version: v, Op: outbox.OpUpsert, Document: doc})
+					return err
+				})
+				if err != nil {
+					t.Errorf("writer: %v", err)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	return wr
+}
+
+// stop ends the writers and fails the test if they changed nothing.
+func (wr *writers) stop(t *testing.T) (updates, deletes int64) {
+	t.Helper()
+	close(wr.done)
+	wr.wg.Wait()
+	if wr.updates.Load() == 0 || wr.deletes.Load() == 0 {
+		t.Fatal("the writers changed nothing")
+	}
+	return wr.updates.Load(), wr.deletes.Load()
+}
+
+// startRelay runs a relay in this process until the returned stop.
+func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
+	t.Helper()
+	r, err := relay.New(relay.Config{
+		Pool: e.pool, Schema: e.schema, Sink: newSink(t, indexer.Options{Client: e.es}),
+		BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
+		Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}
+}
+
+// startRelayProcess runs `outboxd relay` as a child process; kill
+// SIGKILLs it.
+func (e *backfillEnv) startRelayProcess(t *testing.T) (kill func()) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "outboxd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/outboxd").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	logs, err := os.Create(filepath.Join(dir, "relay.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", e.schema,
+		"--elasticsearch-url", schematest.ElasticsearchURL(t), "--admin-addr", "", "--lease-interval", "100ms",
+		"--retention-schedule", "", "--tombstone-purge-schedule", "")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logs.Close()
+		})
+	}
+	t.Cleanup(kill)
+	return kill
+}
+
+// waitBacklog waits until the relay acknowledged every event.
+func (e *backfillEnv) waitBacklog(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st, err := relay.CollectStats(ctx, e.pool, e.schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Backlog() == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relay backlog %d after 2 minutes", st.Backlog())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 func TestBackfill(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -158,73 +310,8 @@ func TestBackfill(t *testing.T) {
 		t.Parallel()
 		const rows = 100_000
 		e := setupBackfill(t, rows)
-		ob, err := outbox.NewOutbox(e.schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := relay.New(relay.Config{
-			Pool: e.pool, Schema: e.schema, Sink: newSink(t, indexer.Options{Client: e.es}),
-			BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
-			Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		runCtx, stopRelay := context.WithCancel(ctx)
-		relayDone := make(chan error, 1)
-		go func() { relayDone <- r.Run(runCtx) }()
-
-		// Four writers update and delete random rows, each change with its
-		// outbox event in one transaction, as an application would.
-		stopWriters := make(chan struct{})
-		var wg sync.WaitGroup
-		var updates, deletes atomic.Int64
-		for w := range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				rnd := rand.New(rand.NewPCG(uint64(w), 7))
-				for {
-					select {
-					case <-stopWriters:
-						return
-					default:
-					}
-					id := fmt.Sprintf("a%07d", 1+rnd.IntN(rows))
-					err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-						var v int64
-						var doc []byte
-						if rnd.IntN(5) == 0 {
-							err := tx.QueryRow(ctx, `DELETE FROM `+e.table+` WHERE id = $1 RETURNING version`, id).Scan(&v)
-							if errors.Is(err, pgx.ErrNoRows) {
-								return nil
-							}
-							if err != nil {
-								return err
-							}
-							deletes.Add(1)
-							_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.name, SourceID: id, Version: v + 1, Op: outbox.OpDelete})
-							return err
-						}
-						err := tx.QueryRow(ctx, `UPDATE `+e.table+` SET version = version + 1, title = 'edited ' || (version + 1) WHERE id = $1 RETURNING version, `+docSQL, id).Scan(&v, &doc)
-						if errors.Is(err, pgx.ErrNoRows) {
-							return nil
-						}
-						if err != nil {
-							return err
-						}
-						updates.Add(1)
-						_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.name, SourceID: id, Version: v, Op: outbox.OpUpsert, Document: doc})
-						return err
-					})
-					if err != nil {
-						t.Errorf("writer: %v", err)
-						return
-					}
-					time.Sleep(time.Millisecond)
-				}
-			}()
-		}
+		stopRelay := e.startRelay(t)
+		wr := e.startWriters(t, 4, rows)
 
 		// First run: cancelled once some batches are stored.
 		sink := newSink(t, indexer.Options{Client: e.es})
@@ -252,31 +339,11 @@ func TestBackfill(t *testing.T) {
 		if second.From == "" || second.Rows >= rows-first.Rows+int64(4*2000) {
 			t.Fatalf("second run did not continue after the stored key: first %+v, second %+v", first, second)
 		}
-		close(stopWriters)
-		wg.Wait()
+		updates, deletes := wr.stop(t)
 		t.Logf("backfill: first run %d rows, second %d rows after %q (%d applied, %d stale); writers: %d updates, %d deletes",
-			first.Rows, second.Rows, second.From, second.Applied, second.Stale, updates.Load(), deletes.Load())
-		if updates.Load() == 0 || deletes.Load() == 0 {
-			t.Fatal("the writers changed nothing")
-		}
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			st, err := relay.CollectStats(ctx, e.pool, e.schema)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Backlog() == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("relay backlog %d after 2 minutes", st.Backlog())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			first.Rows, second.Rows, second.From, second.Applied, second.Stale, updates, deletes)
+		e.waitBacklog(t)
 		stopRelay()
-		if err := <-relayDone; err != nil {
-			t.Fatal(err)
-		}
 		e.assertProjection(t)
 	})
 

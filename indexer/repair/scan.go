@@ -42,6 +42,9 @@ type ScanOptions struct {
 	KeepAlive time.Duration
 	// Progress, if set, is advanced by every hit.
 	Progress *Progress
+	// Query, if set, selects the documents (a query DSL object); nil means
+	// all of them.
+	Query json.RawMessage
 	// Refresh refreshes the indices before the point in time is opened:
 	// a PIT sees only refreshed segments, and a repair planned right after
 	// writes (or after a previous repair) must see them.
@@ -104,6 +107,9 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 			"version":             true,
 			"seq_no_primary_term": true,
 			"track_total_hits":    false,
+		}
+		if opts.Query != nil {
+			req["query"] = opts.Query
 		}
 		if opts.SourceIncludes != nil {
 			req["_source"] = map[string]any{"includes": opts.SourceIncludes}

@@ -90,3 +90,29 @@ func searchRead(t testing.TB, es *elasticsearch.Client, name string) map[string]
 	}
 	return out
 }
+
+type gotDoc struct {
+	Found   bool            `json:"found"`
+	Version int64           `json:"_version"`
+	Source  json.RawMessage `json:"_source"`
+}
+
+func getDoc(t testing.TB, es *elasticsearch.Client, name, id string) gotDoc {
+	t.Helper()
+	st, b := esCall(t, es, "GET", "/"+name+"/_doc/"+id, "")
+	if st != 200 && st != 404 {
+		t.Fatalf("get %s: %d %s", id, st, b)
+	}
+	var d gotDoc
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func isTombstone(src json.RawMessage) bool {
+	var t struct {
+		Deleted bool `json:"outboxd_deleted"`
+	}
+	return json.Unmarshal(src, &t) == nil && t.Deleted
+}

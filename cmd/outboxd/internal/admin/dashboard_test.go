@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
+	"github.com/outboxd/outboxd/indexer/repair"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -114,8 +115,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	e.sink.delay = 40 * time.Millisecond
 	e.startRelay(t)
-	e.startAdmin(t, admin.Config{SampleInterval: 300 * time.Millisecond})
 	ctx := context.Background()
+	// A rebuild in progress, as outboxd rebuild stores it.
+	if _, err := e.pool.Exec(ctx, `INSERT INTO "`+e.schema+`".rebuilds (index_name, old_index, new_index, phase, options_hash, checkpoints, copied, total)
+VALUES ('tutorials', 'tutorials-000001', 'tutorials-000002', 'catching_up', 'x', '{}', 1234, 2000)`); err != nil {
+		t.Fatal(err)
+	}
+	e.startAdmin(t, admin.Config{SampleInterval: 300 * time.Millisecond, Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
+		return repair.Rebuilds(ctx, e.pool, e.schema)
+	}})
 	_ = e.jobs.RunNow(ctx, "outbox-retention")
 	_ = e.jobs.RunNow(ctx, "tombstone-purge")
 
@@ -183,6 +191,11 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 		if !regexp.MustCompile(`<tr data-job="tombstone-purge">.*?no such alias`).MatchString(dom) {
 			t.Fatal("the failing job and its error are not shown")
+		}
+	})
+	t.Run("a rebuild in progress is shown with its phase and count", func(t *testing.T) {
+		if !regexp.MustCompile(`(?s)id="rebuild-table".*?tutorials-000001 → tutorials-000002</td><td>catching_up</td><td class="num" data-metric="copied" data-value="1234"`).MatchString(dom) {
+			t.Fatal("the rebuild is not on the page")
 		}
 	})
 	t.Run("the oldest unacknowledged age is shown", func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
+	"github.com/outboxd/outboxd/indexer/repair"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -45,6 +46,8 @@ type Config struct {
 	// Redact cleans the error texts the server shows (a library's error
 	// may quote a connection string); default: unchanged.
 	Redact func(string) string
+	// Rebuilds lists the index rebuilds in progress for the page; optional.
+	Rebuilds func(ctx context.Context) ([]repair.RebuildStatus, error)
 
 	CacheTTL       time.Duration // Stats cache; default 1s
 	SampleInterval time.Duration // history sampling; default 5s

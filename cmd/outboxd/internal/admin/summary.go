@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
+	"github.com/outboxd/outboxd/indexer/repair"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -150,6 +151,7 @@ type Summary struct {
 	WriteSide      map[string]float64      `json:"write_side,omitempty"`
 	Messages       []MessageView           `json:"messages"`
 	Jobs           []jobs.Status           `json:"jobs"`
+	Rebuilds       []repair.RebuildStatus  `json:"rebuilds"`
 	History        []Sample                `json:"history"`
 	SampleInterval float64                 `json:"sample_interval_seconds"`
 	Outcomes       map[string]float64      `json:"outcomes"`
@@ -197,6 +199,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 		DeadLetters:    []relay.DeadLetterStats{},
 		Jobs:           []jobs.Status{},
 		Messages:       []MessageView{},
+		Rebuilds:       []repair.RebuildStatus{},
 		History:        s.history.since(since),
 		SampleInterval: s.cfg.SampleInterval.Seconds(),
 	}
@@ -242,6 +245,15 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 	st, err := s.stats.get(ctx)
 	if err != nil {
 		sum.StatsError = s.cfg.Redact(err.Error())
+	}
+	if s.cfg.Rebuilds != nil {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		if rb, err := s.cfg.Rebuilds(rctx); err != nil {
+			s.log.Warn("admin: cannot read rebuilds", "err", s.cfg.Redact(err.Error()))
+		} else if rb != nil {
+			sum.Rebuilds = rb
+		}
+		cancel()
 	}
 	seen := map[string]bool{}
 	if st != nil {
