@@ -112,6 +112,14 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// An unsupported server is refused before any event is taken; one that
+	// does not answer yet is not (the relay reports the outage and waits).
+	checkCtx, cancelCheck := context.WithTimeout(ctx, 15*time.Second)
+	err = indexer.CheckServer(checkCtx, client)
+	cancelCheck()
+	if err != nil {
+		return fmt.Errorf("elasticsearch: %w", err)
+	}
 	var spec []byte
 	if f.indexSpec != "" {
 		if spec, err = os.ReadFile(f.indexSpec); err != nil {
