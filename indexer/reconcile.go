@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/elastic/go-elasticsearch/v8"
+	"github.com/elastic/go-elasticsearch/v8/esapi"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -22,7 +24,7 @@ const (
 	DriftExtra       = "extra"       // visible in the index, no source row
 	DriftResurrected = "resurrected" // deleted in the source, visible in the index
 	DriftDuplicate   = "duplicate"   // several live documents for one source_id
-	DriftAhead       = "ahead"       // visible at a higher version than the source's (reported, not fixed)
+	DriftAhead       = "ahead"       // visible at a higher version than the source's, with other content
 )
 
 // ReconcileOptions configures Reconcile.
@@ -123,11 +125,21 @@ type reconState struct {
 //   - extra: delete at _version + 1: there is no source version, and it
 //     must be strictly newer than the copy it hides.
 //
+//   - ahead: upsert of the source's document at the index's version + 1.
+//     The index holds a version the database does not: after a PostgreSQL
+//     failover with asynchronous replication, events the relay delivered
+//     from the old primary were never replicated to the new one. The
+//     database is the truth, so its row is appended again, above what the
+//     index holds. A document ahead with the same content as the source
+//     (a fix that had to pass a tombstone's version) is not drift.
+//
 // The outbox's versions counter is raised to each fix's version in the
 // same transaction, so a later auto-versioned event of that source still
-// wins. Duplicates, ahead documents and drifts whose visible copy is not
-// at _id = source_id in the write index are reported, not fixed: an event
-// only ever addresses _id = source_id; `outboxd repair` handles the rest.
+// wins (after a failover it would otherwise reuse versions the index has
+// already seen, and lose the version gate). Duplicates and drifts whose
+// visible copy is not at _id = source_id in the write index are reported,
+// not fixed: an event only ever addresses _id = source_id; `outboxd
+// repair` handles the rest.
 func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, error) {
 	switch {
 	case opts.ES == nil:
@@ -205,6 +217,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		}
 	}
 
+	var ahead []aheadRow
 	rows, err := opts.DB.Query(ctx, opts.SourceSQL)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: reconcile: source_sql: %w", err)
@@ -264,7 +277,18 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		case st.maxLive < v:
 			kind = DriftStale
 		case st.maxLive > v:
-			note(DriftAhead, sid, v, st, "none: the index is newer than the source; check the source")
+			if st.liveOff > 0 {
+				note(DriftAhead, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
+				rep.NeedsRepair++
+				continue
+			}
+			ahead = append(ahead, aheadRow{sid: sid, v: v, doc: doc, st: st})
+			if len(ahead) >= opts.Batch {
+				if err := fx.ahead(ctx, writeIndex, ahead, note); err != nil {
+					return nil, err
+				}
+				ahead = ahead[:0]
+			}
 			continue
 		default:
 			continue
@@ -284,6 +308,9 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		return nil, fmt.Errorf("indexer: reconcile: source_sql: %w", err)
 	}
 	rows.Close()
+	if err := fx.ahead(ctx, writeIndex, ahead, note); err != nil {
+		return nil, err
+	}
 
 	// Whatever the source did not mention and is still visible is extra.
 	// Sorted, so samples and events are deterministic.
@@ -315,6 +342,52 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		"resurrected", rep.Counts[DriftResurrected], "duplicate", rep.Counts[DriftDuplicate], "ahead", rep.Counts[DriftAhead],
 		"needs_repair", rep.NeedsRepair, "applied", opts.Apply, "events", rep.Events)
 	return rep, nil
+}
+
+// aheadRow is a source row the index holds at a higher version; whether
+// that is drift depends on the indexed content.
+type aheadRow struct {
+	sid string
+	v   int64
+	doc []byte
+	st  reconState
+}
+
+// ahead reads the indexed documents of rows and turns those whose content
+// differs from the source into fixes (see Reconcile).
+func (f *reconFixer) ahead(ctx context.Context, writeIndex string, rows []aheadRow,
+	note func(kind, sid string, srcV int64, st reconState, fix string)) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.sid
+	}
+	body, _ := json.Marshal(map[string]any{"ids": ids})
+	raw, err := perform(ctx, f.opts.ES, "mget", esapi.MgetRequest{
+		Index: writeIndex, Body: bytes.NewReader(body), FilterPath: []string{"docs.found", "docs._source"},
+	})
+	if err != nil {
+		return fmt.Errorf("indexer: reconcile: ahead documents: %w", err)
+	}
+	var r struct {
+		Docs []storedDoc `json:"docs"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Docs) != len(rows) {
+		return fmt.Errorf("indexer: reconcile: ahead documents: the mget answer does not list every id")
+	}
+	for i, row := range rows {
+		if d := r.Docs[i]; d.Found && jsonEqual(row.doc, d.Source) {
+			continue
+		}
+		at := max(row.st.maxLive, row.st.canonVersion) + 1
+		note(DriftAhead, row.sid, row.v, row.st, fmt.Sprintf("upsert of the source's document at version %d", at))
+		if err := f.add(ctx, relay.Event{IndexName: f.opts.Index, SourceID: row.sid, Version: at, Op: relay.OpUpsert, Document: json.RawMessage(row.doc)}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // reconFixer batches fix events into outbox transactions (or only counts
