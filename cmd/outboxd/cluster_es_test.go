@@ -1,0 +1,168 @@
+//go:build cluster
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/relay"
+)
+
+// Elasticsearch with replicas loses a node mid-drain: SIGKILL the node
+// holding the index's primary shard, then the elected master. The relay
+// reports the outage, dead-letters nothing, resumes, and the index ends
+// equal to the database; a client whose first URL is the dead node keeps
+// working meanwhile.
+func TestClusterNodeLoss(t *testing.T) {
+	for _, victim := range []string{"primary", "master"} {
+		t.Run("a SIGKILL of the node holding the "+victim+" in the middle of a 50,000-event drain loses nothing", func(t *testing.T) {
+			e := newClusterEnv(t)
+			r := e.startRelay(t, e.dbURL)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			w := e.write(ctx, e.pool, 4, 50000, 5000, "s", 15*time.Millisecond)
+			waitFor(t, "10,000 events are acknowledged", 3*time.Minute, func() bool { return r.sum("outboxd_acknowledged_events_total") >= 10000 })
+
+			node := e.nodeOf(t, victim)
+			errsBefore := r.sum("outboxd_sink_errors_total")
+			acked := r.sum("outboxd_acknowledged_events_total")
+			t.Logf("killing node %d (%s) with %d events written, %.0f acknowledged", node, victim, w.written.Load(), acked)
+			killed := time.Now()
+			services(t, "kill-es-node", strconv.Itoa(node))
+
+			// Outage: from the kill until the relay acknowledges again.
+			var notReady atomic.Bool
+			stopWatch := make(chan struct{})
+			go func() {
+				for {
+					select {
+					case <-stopWatch:
+						return
+					case <-time.After(100 * time.Millisecond):
+						if !r.ready() {
+							notReady.Store(true)
+						}
+					}
+				}
+			}()
+			outage := waitFor(t, "the relay acknowledges events again", 2*time.Minute, func() bool {
+				return r.sum("outboxd_acknowledged_events_total") > acked
+			})
+
+			t.Run("a client whose first URL is the dead node keeps writing", func(t *testing.T) {
+				urls := []string{e.esURLs[node-1]}
+				for i, u := range e.esURLs {
+					if i != node-1 {
+						urls = append(urls, u)
+					}
+				}
+				applied, calls := sinkWrites(t, urls, e.index+"-client", 20)
+				t.Logf("first URL dead: %d of 20 batches applied on the first call (%d calls)", applied, calls)
+				if applied < 10 {
+					t.Fatalf("only %d of 20 batches were applied on the first call with the first URL dead", applied)
+				}
+			})
+
+			time.Sleep(5 * time.Second)
+			services(t, "start-es")
+			w.wg.Wait()
+			close(stopWatch)
+			converge, v := e.converge(t, e.pool, 4*time.Minute)
+			errs := r.sum("outboxd_sink_errors_total") - errsBefore
+			t.Logf("node loss (%s): %d events written, outage %s (no acknowledgement), sink errors %.0f, /readyz not ready: %v, converged %s after the kill (%s after the drain), comparison %+v",
+				victim, w.written.Load(), outage.Round(10*time.Millisecond), errs, notReady.Load(), time.Since(killed).Round(100*time.Millisecond), converge.Round(100*time.Millisecond), v)
+			if errs == 0 && !notReady.Load() && outage < time.Second {
+				t.Logf("the relay saw no failed request: Elasticsearch promoted the replica before any write failed")
+			}
+			if !r.alive() {
+				t.Fatal("the relay exited")
+			}
+		})
+	}
+}
+
+// sinkWrites writes batches of 50 events through a sink on urls, retrying
+// a batch until applied, and returns how many batches went through on the
+// first call and the number of calls.
+func sinkWrites(t *testing.T, urls []string, index string, batches int) (firstTry, calls int) {
+	t.Helper()
+	client, err := indexer.NewClient(indexer.ClientConfig{Addresses: urls, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := indexer.NewSink(indexer.Options{Client: client, IndexSpec: []byte(`{"settings":{"number_of_shards":1,"number_of_replicas":1}}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		req, _ := http.NewRequest("DELETE", urls[len(urls)-1]+"/"+index+"-*", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	})
+	ctx := context.Background()
+	for b := 0; b < batches; b++ {
+		events := make([]relay.Event, 50)
+		for i := range events {
+			events[i] = relay.Event{IndexName: index, SourceID: fmt.Sprintf("c%d-%d", b, i), Version: 1, Op: relay.OpUpsert, Document: json.RawMessage(`{"x":1}`)}
+		}
+		for attempt := 0; ; attempt++ {
+			calls++
+			outs, err := s.Write(ctx, events)
+			ok := err == nil
+			for _, o := range outs {
+				ok = ok && (o.Status == relay.Applied || o.Status == relay.Stale)
+			}
+			if ok {
+				if attempt == 0 {
+					firstTry++
+				}
+				break
+			}
+			if attempt > 30 {
+				t.Fatalf("batch %d not applied after %d calls: %v %+v", b, attempt, err, outs)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	return firstTry, calls
+}
+
+// The sink spreads its requests over every node URL it is given.
+func TestClusterClientSpreadsRequests(t *testing.T) {
+	e := newClusterEnv(t)
+	var counts [3]atomic.Int64
+	urls := make([]string, 3)
+	for i, u := range e.esURLs[:3] {
+		target, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rp := httputil.NewSingleHostReverseProxy(target)
+		i := i
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			counts[i].Add(1)
+			rp.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		urls[i] = srv.URL
+	}
+	sinkWrites(t, urls, e.index, 30)
+	for i := range counts {
+		t.Logf("node %d received %d requests", i+1, counts[i].Load())
+		if counts[i].Load() < 5 {
+			t.Fatalf("node %d received %d requests of the sink's; want them spread over every node", i+1, counts[i].Load())
+		}
+	}
+}
