@@ -128,6 +128,25 @@ func (e *clusterEnv) esAny(t *testing.T, method, path, body string) []byte {
 	return nil
 }
 
+// esAnyQuiet is esAny for background goroutines: nil instead of failing.
+func (e *clusterEnv) esAnyQuiet(method, path, body string) []byte {
+	for _, u := range e.esURLs {
+		req, _ := http.NewRequest(method, u+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		c := http.Client{Timeout: 10 * time.Second}
+		resp, err := c.Do(req)
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode < 300 {
+			return b
+		}
+	}
+	return nil
+}
+
 // nodeOf returns the number N of node outboxd-node-N holding the index's
 // primary shard ("primary") or elected as master ("master").
 func (e *clusterEnv) nodeOf(t *testing.T, what string) int {

@@ -1,0 +1,140 @@
+//go:build cluster
+
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Three relay processes share 6 partitions. Two are SIGKILLed: the
+// survivor leads all 6 within the lease interval plus 1 s. Restarted, the
+// leadership spreads back to 2 streams each within 10 s. Throughout, the
+// index never goes back to a lower version of any document.
+func TestClusterRelaysAcrossHosts(t *testing.T) {
+	e := newClusterEnv(t)
+	relays := make([]*relayProc, 3)
+	for i := range relays {
+		relays[i] = e.startRelay(t, e.dbURL, "--partitions", "6")
+	}
+	spread := func(rs []*relayProc) func() bool {
+		return func() bool {
+			for _, r := range rs {
+				if r.leads() != 2 {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, "the three relays lead 2 streams each", 30*time.Second, spread(relays))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := e.write(ctx, e.pool, 4, 30000, 300, "r", 40*time.Millisecond)
+	regressions := watchVersions(ctx, t, e, 300)
+	waitFor(t, "events flow", time.Minute, func() bool { return relays[0].sum("outboxd_acknowledged_events_total") > 1000 })
+
+	killed := time.Now()
+	relays[1].kill()
+	relays[2].kill()
+	takeover := waitFor(t, "the survivor leads all 6 streams", 10*time.Second, func() bool { return relays[0].leads() == 6 })
+	t.Logf("SIGKILL of two relays: the survivor leads all 6 streams after %s", takeover.Round(10*time.Millisecond))
+	if takeover > 2*time.Second {
+		t.Fatalf("takeover took %s, want at most the lease interval (1s) plus 1s", takeover)
+	}
+
+	relays[1] = e.startRelay(t, e.dbURL, "--partitions", "6")
+	relays[2] = e.startRelay(t, e.dbURL, "--partitions", "6")
+	restarted := time.Now()
+	rebalance := waitFor(t, "the leadership spreads back to 2 streams each", 40*time.Second, spread(relays))
+	// The limit counts from the moment the new processes are up (their
+	// admin server answers), not from the exec: starting a binary takes
+	// a moment on a loaded machine.
+	var boot time.Duration
+	for _, r := range relays[1:] {
+		if d := r.upSince(restarted); d > boot {
+			boot = d
+		}
+	}
+	t.Logf("restart: 2 streams each after %s (%s after both processes were up)", rebalance.Round(10*time.Millisecond), (rebalance - boot).Round(10*time.Millisecond))
+	if rebalance-boot > 10*time.Second {
+		t.Fatalf("rebalancing took %s after the relays were up, want at most 10s", rebalance-boot)
+	}
+
+	w.wg.Wait()
+	conv, v := e.converge(t, e.pool, 3*time.Minute)
+	cancel()
+	n := regressions()
+	t.Logf("relays across hosts: %d events written, converged %s after the drain (%s after the kill), comparison %+v, version regressions seen %d",
+		w.written.Load(), conv.Round(100*time.Millisecond), time.Since(killed).Round(100*time.Millisecond), v, n)
+	if n > 0 {
+		t.Fatalf("the index went back to a lower version %d times", n)
+	}
+}
+
+// upSince is how long after t0 the relay's admin server first answered
+// (measured now if it already does).
+func (p *relayProc) upSince(t0 time.Time) time.Duration {
+	for time.Since(t0) < 30*time.Second {
+		if len(p.metrics("go_goroutines")) > 0 {
+			return time.Since(t0)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(t0)
+}
+
+// watchVersions polls the versions of keyspace source ids in the write
+// index and counts every time one is lower than an earlier observation.
+func watchVersions(ctx context.Context, t *testing.T, e *clusterEnv, keyspace int) (regressions func() int) {
+	var mu sync.Mutex
+	count := 0
+	done := make(chan struct{})
+	ids := make([]string, keyspace)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%q", fmt.Sprintf("r%d", i))
+	}
+	body := `{"ids":[` + strings.Join(ids, ",") + `]}`
+	go func() {
+		defer close(done)
+		last := map[string]int64{}
+		for ctx.Err() == nil {
+			time.Sleep(200 * time.Millisecond)
+			var r struct {
+				Docs []struct {
+					ID      string `json:"_id"`
+					Found   bool   `json:"found"`
+					Version int64  `json:"_version"`
+				} `json:"docs"`
+			}
+			// realtime mget reads the latest write, tombstones included.
+			if err := json.Unmarshal(e.esAnyQuiet("POST", "/"+e.index+"-write/_mget?_source=false", body), &r); err != nil {
+				continue
+			}
+			for _, d := range r.Docs {
+				if !d.Found {
+					continue
+				}
+				if d.Version < last[d.ID] {
+					mu.Lock()
+					count++
+					mu.Unlock()
+					t.Logf("version regression: %s went from %d to %d", d.ID, last[d.ID], d.Version)
+				}
+				last[d.ID] = d.Version
+			}
+		}
+	}()
+	return func() int {
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		return count
+	}
+}
