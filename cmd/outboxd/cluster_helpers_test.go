@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -308,6 +309,9 @@ func (e *clusterEnv) write(ctx context.Context, pool *pgxpool.Pool, n, total, ke
 						batch[j] = relay.Event{IndexName: e.index, SourceID: sid, Op: relay.OpDelete}
 					}
 				}
+				// One lock order for the versions rows across writers, or
+				// concurrent batches deadlock on shared source ids.
+				sort.SliceStable(batch, func(a, b int) bool { return batch[a].SourceID < batch[b].SourceID })
 				for ctx.Err() == nil {
 					err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 						_, err := e.ob.AppendBatch(ctx, tx, batch)
