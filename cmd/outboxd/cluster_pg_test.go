@@ -84,8 +84,9 @@ func (e *clusterEnv) supervise(ctx context.Context, t *testing.T, dbURL string, 
 // Replication is asynchronous and the standby's WAL receiver is stopped
 // first, so events committed on the old primary and already delivered to
 // Elasticsearch never reach the new one: the index is then ahead of the
-// database, and outboxd reconcile --apply brings it back to the database's
-// truth.
+// database (also where the writers, continuing on the new primary, reuse
+// versions the index has seen), and outboxd reconcile --apply brings it
+// back to the database's truth.
 func TestClusterPostgresFailover(t *testing.T) {
 	e := newClusterEnv(t)
 	primaryURL, standbyURL := pgHosts(t, e.dbURL)
@@ -178,17 +179,22 @@ func TestClusterPostgresFailover(t *testing.T) {
 		t.Fatalf("after the failover the relays acknowledged %.0f events of %d: they started over", after, total)
 	}
 
+	// Everything committed after the WAL receiver stopped is gone: the 120
+	// events above, delivered, and whatever the writers committed before
+	// the kill, delivered or not. The index differs from the database
+	// exactly where a lost event was delivered.
 	before := e.compare(t, e.pool)
+	drift := before.Missing + before.Ahead + before.Extra + before.Resurrected
 	t.Logf("before reconcile: %+v", before)
-	if before.Ahead+before.Extra+before.Resurrected != 120 || before.Missing+before.Stale+before.DeadLetters != 0 {
-		t.Fatalf("the index should be ahead of the database by exactly the 120 lost events: %+v", before)
+	if drift < 120 || before.Extra < 20 || before.Stale+before.DeadLetters != 0 {
+		t.Fatalf("the index should be ahead of the database by at least the 120 lost events, 20 of them extra: %+v", before)
 	}
 
 	sql := `SELECT DISTINCT ON (source_id) source_id, version, document, op = 'delete' FROM "` + e.schema + `".events WHERE index_name = '` + e.index + `' ORDER BY source_id, version DESC`
 	rep, code := e.reconcile(t, sql, false)
-	ahead := rep.Counts["ahead"]
-	if code != 3 || ahead == 0 || ahead+rep.Counts["extra"]+rep.Counts["resurrected"] != 120 || rep.Counts["missing"]+rep.Counts["stale"] != 0 {
-		t.Fatalf("reconcile (report only): exit %d, counts %v; want the 120 lost events as ahead of the database", code, rep.Counts)
+	c := rep.Counts
+	if code != 3 || c["ahead"] == 0 || c["ahead"]+c["extra"]+c["resurrected"]+c["missing"] != int64(drift) || c["stale"]+c["duplicate"] != 0 {
+		t.Fatalf("reconcile (report only): exit %d, counts %v; want the %d drifts the comparison found, ahead of the database among them", code, c, drift)
 	}
 	if _, code := e.reconcile(t, sql, true); code != 0 {
 		t.Fatalf("reconcile --apply: exit %d", code)
@@ -198,9 +204,9 @@ func TestClusterPostgresFailover(t *testing.T) {
 		t.Fatalf("reconcile after --apply: exit %d, counts %v", code, rep.Counts)
 	}
 	stopRelays()
-	t.Logf("postgres failover: %d events written, promote after %s, relays leading again after %s, writers back after %s, drained %s after the kill; relay restarts %d+%d (supervised); reconcile found ahead %d, extra %d, resurrected %d; converged %s after --apply; comparison %+v",
+	t.Logf("postgres failover: %d events written, promote after %s, relays leading again after %s, writers back after %s, drained %s after the kill; relay restarts %d+%d (supervised); reconcile found ahead %d, extra %d, resurrected %d, missing %d; converged %s after --apply; comparison %+v",
 		total, promoted.Round(10*time.Millisecond), resumed.Round(10*time.Millisecond), writesBack.Round(10*time.Millisecond), drained.Round(100*time.Millisecond),
-		relays[0].restarts.Load(), relays[1].restarts.Load(), ahead, rep.Counts["extra"], rep.Counts["resurrected"], conv.Round(100*time.Millisecond), v)
+		relays[0].restarts.Load(), relays[1].restarts.Load(), c["ahead"], c["extra"], c["resurrected"], c["missing"], conv.Round(100*time.Millisecond), v)
 }
 
 func backlog(pool *pgxpool.Pool, schemaName string) int64 {
