@@ -124,14 +124,13 @@ type reconState struct {
 //   - resurrected: delete at max(source version, _version + 1).
 //   - extra: delete at _version + 1: there is no source version, and it
 //     must be strictly newer than the copy it hides.
-//
 //   - ahead: upsert of the source's document at the index's version + 1.
-//     The index holds a version the database does not: after a PostgreSQL
+//     The index holds a version the database does not (after a PostgreSQL
 //     failover with asynchronous replication, events the relay delivered
-//     from the old primary were never replicated to the new one. The
+//     from the old primary were never replicated to the new one); the
 //     database is the truth, so its row is appended again, above what the
-//     index holds. A document ahead with the same content as the source
-//     (a fix that had to pass a tombstone's version) is not drift.
+//     index holds. A document ahead with the source's content (a fix that
+//     had to pass a tombstone's version) is not drift.
 //
 // The outbox's versions counter is raised to each fix's version in the
 // same transaction, so a later auto-versioned event of that source still
