@@ -290,7 +290,7 @@ func parseBlock(lines []string) (any, int) {
 			j++
 		}
 		if v == "" && j > i+1 {
-			m[k], _ = parseBlock(lines[i+1:j])
+			m[k], _ = parseBlock(lines[i+1 : j])
 		} else {
 			m[k] = scalar(v)
 		}
