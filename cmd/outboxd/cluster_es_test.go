@@ -43,12 +43,15 @@ func TestClusterNodeLoss(t *testing.T) {
 
 			// The outage as the relay reports it: from the kill until /readyz
 			// is ready again for good.
+			// The stall: the longest time without a new acknowledgement
+			// while events were waiting.
 			var notReady atomic.Bool
-			var lastNotReady atomic.Int64
+			var lastNotReady, stall atomic.Int64
 			stopWatch := make(chan struct{})
 			watched := make(chan struct{})
 			go func() {
 				defer close(watched)
+				last, lastAt := acked, killed
 				for {
 					select {
 					case <-stopWatch:
@@ -57,6 +60,11 @@ func TestClusterNodeLoss(t *testing.T) {
 						if !r.ready() {
 							notReady.Store(true)
 							lastNotReady.Store(int64(time.Since(killed)))
+						}
+						if n := r.sum("outboxd_acknowledged_events_total"); n > last {
+							last, lastAt = n, time.Now()
+						} else if backlog(e.pool, e.schema) > 0 && int64(time.Since(lastAt)) > stall.Load() {
+							stall.Store(int64(time.Since(lastAt)))
 						}
 					}
 				}
@@ -79,16 +87,19 @@ func TestClusterNodeLoss(t *testing.T) {
 				}
 			})
 
-			time.Sleep(5 * time.Second)
+			time.Sleep(time.Until(killed.Add(5 * time.Second)))
+			restart := time.Now()
 			services(t, "start-es")
+			rejoin := time.Since(restart)
 			w.wg.Wait()
 			converge, v := e.converge(t, e.pool, 4*time.Minute)
 			close(stopWatch)
 			<-watched
 			errs := r.sum("outboxd_sink_errors_total") - errsBefore
 			outage := time.Duration(lastNotReady.Load())
-			t.Logf("node loss (%s): %d events written, outage %s (kill until /readyz ready for good; the dead node was restarted after ~5s and took ~30s to rejoin), sink errors %.0f, converged %s after the kill (%s after the writers ended), comparison %+v",
-				victim, w.written.Load(), outage.Round(100*time.Millisecond), errs, time.Since(killed).Round(100*time.Millisecond), converge.Round(100*time.Millisecond), v)
+			t.Logf("node loss (%s): %d events written; /readyz not ready at times until %s after the kill (the node was restarted 5s after it, rejoining took %s); longest stall without an acknowledgement %s; sink errors %.0f; converged %s after the kill (%s after the writers ended); comparison %+v",
+				victim, w.written.Load(), outage.Round(100*time.Millisecond), rejoin.Round(100*time.Millisecond), time.Duration(stall.Load()).Round(100*time.Millisecond),
+				errs, time.Since(killed).Round(100*time.Millisecond), converge.Round(100*time.Millisecond), v)
 			if errs == 0 && !notReady.Load() {
 				t.Fatal("the relay did not report the outage: no sink error counted and /readyz always ready")
 			}
