@@ -144,7 +144,6 @@ func TestClusterPostgresFailover(t *testing.T) {
 	w2 := e.write(wctx, e.pool, 4, 12000, 3000, "q", 20*time.Millisecond)
 	waitFor(t, "3,000 more events are written", time.Minute, func() bool { return w2.written.Load() >= 3000 })
 	killed := time.Now()
-	writtenAtKill := w2.written.Load()
 	services(t, "kill-pg")
 	services(t, "promote")
 	promoted := time.Since(killed)
@@ -156,7 +155,6 @@ func TestClusterPostgresFailover(t *testing.T) {
 		ls, err := relay.Leaders(ctx, e.pool, e.schema, streams)
 		return err == nil && ls[0].PID != 0 && ls[1].PID != 0
 	})
-	writesBack := waitFor(t, "the writers write again", time.Minute, func() bool { return w2.written.Load() > writtenAtKill })
 	w2.wg.Wait()
 	waitFor(t, "the new primary's outbox is drained", 3*time.Minute, func() bool { return backlog(e.pool, e.schema) == 0 })
 	drained := time.Since(killed)
@@ -204,8 +202,8 @@ func TestClusterPostgresFailover(t *testing.T) {
 		t.Fatalf("reconcile after --apply: exit %d, counts %v", code, rep.Counts)
 	}
 	stopRelays()
-	t.Logf("postgres failover: %d events written, promote after %s, relays leading again after %s, writers back after %s, drained %s after the kill; relay restarts %d+%d (supervised); reconcile found ahead %d, extra %d, resurrected %d, missing %d; converged %s after --apply; comparison %+v",
-		total, promoted.Round(10*time.Millisecond), resumed.Round(10*time.Millisecond), writesBack.Round(10*time.Millisecond), drained.Round(100*time.Millisecond),
+	t.Logf("postgres failover: %d events written, standby promoted %s after the kill, both streams led again %s after the promotion, drained %s after the kill; relay restarts %d+%d (supervised); reconcile found ahead %d, extra %d, resurrected %d, missing %d; converged %s after --apply; comparison %+v",
+		total, promoted.Round(10*time.Millisecond), resumed.Round(10*time.Millisecond), drained.Round(100*time.Millisecond),
 		relays[0].restarts.Load(), relays[1].restarts.Load(), c["ahead"], c["extra"], c["resurrected"], c["missing"], conv.Round(100*time.Millisecond), v)
 }
 
