@@ -127,7 +127,7 @@ func runRelay(ctx context.Context, args []string) error {
 		}
 		// Checked by the server before any event is taken: a spec it will
 		// not create would otherwise surface only at the first event.
-		if err := indexer.CheckIndexSpec(ctx, client, spec); err != nil {
+		if err := checkIndexSpec(ctx, client, spec, len(esCfg.Addresses)); err != nil {
 			return fmt.Errorf("index-spec %s: %w", f.indexSpec, err)
 		}
 	}
@@ -208,6 +208,19 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	log.Info("relay stopped")
 	return nil
+}
+
+// checkIndexSpec asks up to one node per address: a request that cannot
+// reach its node sets that node aside, so the next goes to another, and one
+// dead node of a cluster does not stop the relay from starting.
+func checkIndexSpec(ctx context.Context, client *elasticsearch.Client, spec []byte, nodes int) error {
+	for i := 1; ; i++ {
+		err := indexer.CheckIndexSpec(ctx, client, spec)
+		var re *indexer.ResponseError
+		if err == nil || errors.As(err, &re) || i >= nodes || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, schemaName string, f relayFlags) error {
