@@ -169,3 +169,28 @@ func TestRelayCommandRefusesOpenSearchAtStart(t *testing.T) {
 		t.Fatalf("%d streams started before OpenSearch was refused", streams)
 	}
 }
+
+// docs/deploy.md: one dead node in ELASTICSEARCH_URL does not stop the
+// relay from starting, wherever it is in the list (each start check may
+// land on it).
+func TestRelayCommandStartsWithADeadNodeInTheList(t *testing.T) {
+	t.Parallel()
+	e := cliSetup(t)
+	spec := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(spec, []byte(`{"settings":{"number_of_shards":1}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live := schematest.ElasticsearchURL(t)
+	for _, urls := range []string{"http://127.0.0.1:1," + live, live + ",http://127.0.0.1:1"} {
+		// Stopped as by a signal, once it had the time to fail at start.
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := time.AfterFunc(3*time.Second, cancel)
+		args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", urls, "--index-spec", spec, "--admin-addr", "", "--shutdown-timeout", "1s")
+		err := runRelay(ctx, args)
+		stop.Stop()
+		cancel()
+		if err != nil {
+			t.Fatalf("relay with %s: %v, want it to run until stopped", urls, err)
+		}
+	}
+}
