@@ -250,12 +250,14 @@ pgs_start() {
 
 pgs_stop() {
 	pgs_running || return 0
+	pg_find_bin
 	log "stopping the PostgreSQL standby (pid $(pgs_pid))"
 	pgs_ctl stop -m fast -w -t 60 >/dev/null 2>&1 || pgs_ctl stop -m immediate -w -t 30 >/dev/null 2>&1 ||
 		die "could not stop the PostgreSQL standby"
 }
 
 pgs_status() {
+	pg_find_bin
 	if ! pgs_running; then
 		echo "postgres standby: stopped  $PGS_URL"
 		return 1
