@@ -12,7 +12,7 @@ TESTFLAGS ?=
 # Packages to test, e.g. make test PKGS=./indexer/...
 PKGS ?= ./...
 
-.PHONY: help build services-up services-down services-status test test-unit vet demo bench clean
+.PHONY: help build services-up services-down services-status test test-cluster test-unit vet demo bench clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,6 +41,23 @@ test: ## Full suite (race detector) against real servers; starts them first
 	elif [[ -n "$${DATABASE_URL:-}" && "$${DATABASE_URL}" != "postgres://postgres@127.0.0.1:$${OUTBOXD_PG_PORT:-54329}/outboxd?sslmode=disable" ]]; then \
 		echo "DATABASE_URL points at your own server: skipping the tests that restart the servers"; \
 	else eval "$$(scripts/services env)" && go test -race -count=1 -p 1 -timeout 20m -tags restart -run TestRestart ./indexer/ ./relay/ ./cmd/outboxd/... ./examples/...; fi
+
+# The distributed setups: a 3-node Elasticsearch cluster (its own state and
+# ports, CLUSTER_ES_* below, apart from the single node's) and a streaming
+# standby of the local PostgreSQL (port + 1). The tests kill nodes and fail
+# PostgreSQL over (the failover test rebuilds the standby and restarts the
+# primary when it ends), so they only ever run against servers
+# scripts/services manages here.
+CLUSTER_ES_PORT ?= 9250
+CLUSTER_ES_TRANSPORT_PORT ?= 9500
+CLUSTER_ENV = OUTBOXD_ES_NODES=3 OUTBOXD_PG_STANDBY=1 \
+	OUTBOXD_ES_PORT=$(CLUSTER_ES_PORT) OUTBOXD_ES_TRANSPORT_PORT=$(CLUSTER_ES_TRANSPORT_PORT)
+
+test-cluster: ## Node loss, PostgreSQL failover and multi-relay tests on a local ES cluster + PG standby
+	@if [[ -n "$${DATABASE_URL:-}$${ELASTICSEARCH_URL:-}" ]]; then \
+		echo "test-cluster starts its own servers and ignores DATABASE_URL/ELASTICSEARCH_URL"; fi
+	unset DATABASE_URL ELASTICSEARCH_URL && export $(CLUSTER_ENV) && scripts/services up && \
+		eval "$$(scripts/services env)" && go test -race -count=1 -timeout 30m -tags cluster -run 'TestCluster' -v $(TESTFLAGS) ./cmd/outboxd/
 
 test-unit: ## Unit tests only, no servers needed
 	OUTBOXD_UNIT_ONLY=1 go test -short -race $(TESTFLAGS) $(PKGS)

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strconv"
 	"strings"
 
+	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 )
 
@@ -117,6 +120,8 @@ func (s *Sink) version(ctx context.Context) (serverVersion, error) {
 		// pauses the relay with a reason that names the parameter.
 		s.logger.Warn("indexer: cannot read the Elasticsearch version; assuming 8.18 or later (grant the monitor cluster privilege to detect it)", "error", err.Error())
 		v = serverVersion{major: 8, minor: 18, number: "unknown"}
+	case notElasticsearch(err):
+		return v, &ConfigError{Err: notElasticsearchError(ctx, s.es)}
 	case errors.As(err, &re) && re.Status != 408 && re.Status != 429 && re.Status < 500:
 		return v, &ConfigError{Err: err}
 	case err != nil:
@@ -133,4 +138,58 @@ func (s *Sink) forgetVersion() {
 	s.verMu <- struct{}{}
 	s.ver = serverVersion{}
 	<-s.verMu
+}
+
+// notElasticsearch reports the v8 client's refusal of a server that does
+// not answer as Elasticsearch (no "X-Elastic-Product: Elasticsearch"
+// header), such as OpenSearch. The client does not export that error.
+func notElasticsearch(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "the server is not Elasticsearch")
+}
+
+// notElasticsearchError names the product when GET / says what it is
+// (read below the client, whose product check refuses the answer).
+func notElasticsearchError(ctx context.Context, es esapi.Transport) error {
+	what := "a server that does not answer as Elasticsearch (no X-Elastic-Product: Elasticsearch header)"
+	if c, ok := es.(*elasticsearch.Client); ok {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+		if err == nil {
+			if res, err := c.Transport.Perform(req); err == nil {
+				body, _ := io.ReadAll(io.LimitReader(res.Body, 1<<16))
+				res.Body.Close()
+				var info struct {
+					Version struct {
+						Distribution string `json:"distribution"`
+						Number       string `json:"number"`
+					} `json:"version"`
+				}
+				if json.Unmarshal(body, &info) == nil && info.Version.Distribution != "" {
+					name := info.Version.Distribution
+					if name == "opensearch" {
+						name = "OpenSearch"
+					}
+					what = strings.TrimSpace(name + " " + info.Version.Number)
+				}
+			}
+		}
+	}
+	return fmt.Errorf("the server is %s, not Elasticsearch: outboxd supports Elasticsearch %d.0 and later only (its Elasticsearch client refuses other products, OpenSearch included)", what, minMajor)
+}
+
+// CheckServer fails when Elasticsearch answers and is not one outboxd
+// supports: another product (OpenSearch), or a version before 8.0. A server
+// that does not answer passes: the relay starts, reports the outage and
+// writes once it is back. Commands call it at start, so an unsupported
+// server is refused before the first event, not at it.
+func CheckServer(ctx context.Context, es *elasticsearch.Client) error {
+	v, err := detectVersion(ctx, es)
+	switch {
+	case notElasticsearch(err):
+		return notElasticsearchError(ctx, es)
+	case err != nil:
+		return nil
+	case v.major < minMajor:
+		return fmt.Errorf("Elasticsearch %s is not supported; outboxd needs %d.0 or later", v.number, minMajor)
+	}
+	return nil
 }

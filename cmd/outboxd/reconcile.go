@@ -42,12 +42,14 @@ Reports, with counts and samples:
   extra        visible in the index, no source row
   resurrected  deleted in the source, visible in the index
   duplicate    several live documents for one source_id (fix: outboxd repair)
-  ahead        visible at a higher version than the source's (reported only)
+  ahead        visible at a higher version than the source's, other content
+               (events lost by a PostgreSQL failover after their delivery)
 
 --apply appends one outbox event per fixable drift, so fixes take the same
 versioned path as every write: upserts at max(source version, index
 _version) for missing/stale, deletes at max(source version, index _version + 1)
-for resurrected and at index _version + 1 for extra. The relay delivers them.
+for resurrected and at index _version + 1 for extra, upserts of the source's
+document at index _version + 1 for ahead. The relay delivers them.
 Drifts whose visible copy is not at _id = source_id need 'outboxd repair'.
 
 Exit status: 0 no drift (or every drift fixed by --apply); 3 drift remains
@@ -95,7 +97,7 @@ Flags:
 	} else {
 		reconcilePrint(rep, *sample)
 	}
-	remaining := rep.NeedsRepair + rep.Counts[repair.DriftDuplicate] + rep.Counts[repair.DriftAhead]
+	remaining := rep.NeedsRepair + rep.Counts[repair.DriftDuplicate]
 	if !rep.Applied {
 		remaining += rep.Events
 	}

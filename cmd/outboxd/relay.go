@@ -145,6 +145,14 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// An unsupported server is refused before any event is taken; one that
+	// does not answer yet is not (the relay reports the outage and waits).
+	checkCtx, cancelCheck := context.WithTimeout(ctx, 15*time.Second)
+	err = indexer.CheckServer(checkCtx, client)
+	cancelCheck()
+	if err != nil {
+		return fmt.Errorf("elasticsearch: %w", err)
+	}
 	var spec []byte
 	if f.indexSpec != "" {
 		if spec, err = os.ReadFile(f.indexSpec); err != nil {
@@ -152,7 +160,7 @@ func runRelay(ctx context.Context, args []string) error {
 		}
 		// Checked by the server before any event is taken: a spec it will
 		// not create would otherwise surface only at the first event.
-		if err := indexer.CheckIndexSpec(ctx, client, spec); err != nil {
+		if err := checkIndexSpec(ctx, client, spec, len(esCfg.Addresses)); err != nil {
 			return fmt.Errorf("index-spec %s: %w", f.indexSpec, err)
 		}
 	}
@@ -306,6 +314,19 @@ func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *
 		return nil, err
 	}
 	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted}), nil
+}
+
+// checkIndexSpec asks up to one node per address: a request that cannot
+// reach its node sets that node aside, so the next goes to another, and one
+// dead node of a cluster does not stop the relay from starting.
+func checkIndexSpec(ctx context.Context, client *elasticsearch.Client, spec []byte, nodes int) error {
+	for i := 1; ; i++ {
+		err := indexer.CheckIndexSpec(ctx, client, spec)
+		var re *indexer.ResponseError
+		if err == nil || errors.As(err, &re) || i >= nodes || ctx.Err() != nil {
+			return err
+		}
+	}
 }
 
 func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, schemaName string, f relayFlags) error {

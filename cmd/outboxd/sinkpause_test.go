@@ -128,3 +128,69 @@ func TestRelayCommandPausesOnARefusedConfiguration(t *testing.T) {
 		t.Fatalf("%d dead letters and backlog %d, want none and 3", dead, e.backlog(t))
 	}
 }
+
+// openSearchFake answers like OpenSearch 2.x: the same JSON shapes as
+// Elasticsearch, but without the X-Elastic-Product header.
+func openSearchFake(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path == "/":
+			io.WriteString(w, `{"name":"os-1","cluster_name":"docker-cluster","version":{"distribution":"opensearch","number":"2.11.0","minimum_wire_compatibility_version":"7.10.0"},"tagline":"The OpenSearch Project: https://opensearch.org/"}`)
+		case strings.HasPrefix(r.URL.Path, "/_nodes"):
+			io.WriteString(w, `{"nodes":{"n1":{"version":"2.11.0"}}}`)
+		default:
+			io.WriteString(w, `{"acknowledged":true}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// README, "Supported servers": the relay refuses OpenSearch at start,
+// naming it, before it takes any event.
+func TestRelayCommandRefusesOpenSearchAtStart(t *testing.T) {
+	t.Parallel()
+	e := cliSetup(t)
+	e.append(t, schematest.Name("os-"), "s1", `{"title":"x"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", openSearchFake(t).URL, "--admin-addr", "")
+	err := runRelay(ctx, args)
+	if err == nil || !strings.Contains(err.Error(), "OpenSearch 2.11.0, not Elasticsearch") || !strings.Contains(err.Error(), "Elasticsearch 8.0 and later only") {
+		t.Fatalf("runRelay: %v, want a refusal naming OpenSearch 2.11.0", err)
+	}
+	var streams int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".progress`).Scan(&streams); err != nil {
+		t.Fatal(err)
+	}
+	if streams != 0 {
+		t.Fatalf("%d streams started before OpenSearch was refused", streams)
+	}
+}
+
+// docs/deploy.md: one dead node in ELASTICSEARCH_URL does not stop the
+// relay from starting, wherever it is in the list (each start check may
+// land on it).
+func TestRelayCommandStartsWithADeadNodeInTheList(t *testing.T) {
+	t.Parallel()
+	e := cliSetup(t)
+	spec := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(spec, []byte(`{"settings":{"number_of_shards":1}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live := schematest.ElasticsearchURL(t)
+	for _, urls := range []string{"http://127.0.0.1:1," + live, live + ",http://127.0.0.1:1"} {
+		// Stopped as by a signal, once it had the time to fail at start.
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := time.AfterFunc(3*time.Second, cancel)
+		args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", urls, "--index-spec", spec, "--admin-addr", "", "--shutdown-timeout", "1s")
+		err := runRelay(ctx, args)
+		stop.Stop()
+		cancel()
+		if err != nil {
+			t.Fatalf("relay with %s: %v, want it to run until stopped", urls, err)
+		}
+	}
+}

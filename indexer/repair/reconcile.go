@@ -1,6 +1,7 @@
 package repair
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,10 +12,12 @@ import (
 	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
+	"github.com/elastic/go-elasticsearch/v8/esapi"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -25,7 +28,7 @@ const (
 	DriftExtra       = "extra"       // visible in the index, no source row
 	DriftResurrected = "resurrected" // deleted in the source, visible in the index
 	DriftDuplicate   = "duplicate"   // several live documents for one source_id
-	DriftAhead       = "ahead"       // visible at a higher version than the source's (reported, not fixed)
+	DriftAhead       = "ahead"       // visible at a higher version than the source's, with other content
 )
 
 // DefaultSourceTimeout is how long reconcile's source SQL may run by default.
@@ -140,12 +143,21 @@ type reconState struct {
 //   - resurrected: delete at max(source version, _version + 1).
 //   - extra: delete at _version + 1: there is no source version, and it
 //     must be strictly newer than the copy it hides.
+//   - ahead: upsert of the source's document at the index's version + 1.
+//     The index holds a version the database does not (after a PostgreSQL
+//     failover with asynchronous replication, events the relay delivered
+//     from the old primary were never replicated to the new one); the
+//     database is the truth, so its row is appended again, above what the
+//     index holds. A document ahead with the source's content (a fix that
+//     had to pass a tombstone's version) is not drift.
 //
 // The outbox's versions counter is raised to each fix's version in the
 // same transaction, so a later auto-versioned event of that source still
-// wins. Duplicates, ahead documents and drifts whose visible copy is not
-// at _id = source_id in the write index are reported, not fixed: an event
-// only ever addresses _id = source_id; `outboxd repair` handles the rest.
+// wins (after a failover it would otherwise reuse versions the index has
+// already seen, and lose the version gate). Duplicates and drifts whose
+// visible copy is not at _id = source_id in the write index are reported,
+// not fixed: an event only ever addresses _id = source_id; `outboxd
+// repair` handles the rest.
 func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, error) {
 	switch {
 	case opts.ES == nil:
@@ -232,6 +244,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	if _, err := src.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.FormatInt(opts.SourceTimeout.Milliseconds(), 10)); err != nil {
 		return nil, fmt.Errorf("indexer: reconcile: source_sql: set statement_timeout: %w", err)
 	}
+	var ahead []aheadRow
 	rows, err := src.Query(ctx, opts.SourceSQL)
 	if err != nil {
 		return nil, sourceError(ctx, err, opts.SourceTimeout)
@@ -297,7 +310,18 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		case st.maxLive < v:
 			kind = DriftStale
 		case st.maxLive > v:
-			note(DriftAhead, sid, v, st, "none: the index is newer than the source; check the source")
+			if st.liveOff > 0 {
+				note(DriftAhead, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
+				rep.NeedsRepair++
+				continue
+			}
+			ahead = append(ahead, aheadRow{sid: sid, v: v, doc: doc, st: st})
+			if len(ahead) >= opts.Batch {
+				if err := fx.ahead(ctx, writeIndex, ahead, note); err != nil {
+					return nil, err
+				}
+				ahead = ahead[:0]
+			}
 			continue
 		default:
 			continue
@@ -317,6 +341,9 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		return nil, sourceError(ctx, err, opts.SourceTimeout)
 	}
 	rows.Close()
+	if err := fx.ahead(ctx, writeIndex, ahead, note); err != nil {
+		return nil, err
+	}
 
 	// Whatever the source did not mention and is still visible is extra.
 	// Sorted, so samples and events are deterministic.
@@ -359,6 +386,55 @@ func sourceError(ctx context.Context, err error, timeout time.Duration) error {
 		}
 	}
 	return fmt.Errorf("indexer: reconcile: source_sql: %w", err)
+}
+
+// aheadRow is a source row the index holds at a higher version; whether
+// that is drift depends on the indexed content.
+type aheadRow struct {
+	sid string
+	v   int64
+	doc []byte
+	st  reconState
+}
+
+// ahead reads the indexed documents of rows and turns those whose content
+// differs from the source into fixes (see Reconcile).
+func (f *reconFixer) ahead(ctx context.Context, writeIndex string, rows []aheadRow,
+	note func(kind, sid string, srcV int64, st reconState, fix string)) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.sid
+	}
+	body, _ := json.Marshal(map[string]any{"ids": ids})
+	raw, err := indexer.Perform(ctx, f.opts.ES, "mget", esapi.MgetRequest{
+		Index: writeIndex, Body: bytes.NewReader(body), FilterPath: []string{"docs.found", "docs._source"},
+	})
+	if err != nil {
+		return fmt.Errorf("indexer: reconcile: ahead documents: %w", err)
+	}
+	var r struct {
+		Docs []struct {
+			Found  bool            `json:"found"`
+			Source json.RawMessage `json:"_source"`
+		} `json:"docs"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Docs) != len(rows) {
+		return fmt.Errorf("indexer: reconcile: ahead documents: the mget answer does not list every id")
+	}
+	for i, row := range rows {
+		if d := r.Docs[i]; d.Found && indexer.JSONEqual(row.doc, d.Source) {
+			continue
+		}
+		at := max(row.st.maxLive, row.st.canonVersion) + 1
+		note(DriftAhead, row.sid, row.v, row.st, fmt.Sprintf("upsert of the source's document at version %d", at))
+		if err := f.add(ctx, outbox.Event{IndexName: f.opts.Index, SourceID: row.sid, Version: at, Op: outbox.OpUpsert, Document: json.RawMessage(row.doc)}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // reconFixer batches fix events into outbox transactions (or only counts

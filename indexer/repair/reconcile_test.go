@@ -24,7 +24,8 @@ import (
 //	tomb   deleted in the source at v2, tombstone  no drift
 //	dup    source v2, index v2 plus a random copy  duplicate (needs repair)
 //	buried source v3, tombstone at v4              missing: upsert at 4
-//	ahead  source v1, index v2                     ahead (reported only)
+//	ahead  source v1, index v2, other content      ahead: upsert at 3
+//	same   source v1, index v2, same content       no drift
 func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *testIndex) string {
 	t.Helper()
 	ctx := context.Background()
@@ -38,7 +39,8 @@ func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *test
 		('tomb', 2, '{"title":"old"}', true),
 		('dup', 2, '{"title":"dup"}', false),
 		('buried', 3, '{"title":"buried"}', false),
-		('ahead', 1, '{"title":"ahead v1"}', false)`)
+		('ahead', 1, '{"title":"ahead v1"}', false),
+		('same', 1, '{"title":"same"}', false)`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +54,7 @@ func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *test
 	ri.put(t, w, "legacy-dup", 0, `{"source_id":"dup","title":"dup"}`)
 	ri.put(t, w, "buried", 4, tombstoneBody())
 	ri.put(t, w, "ahead", 2, `{"title":"ahead v2"}`)
+	ri.put(t, w, "same", 2, `{"title":"same"}`)
 	ri.refresh(t)
 	return `SELECT id, version, doc, deleted FROM ` + table
 }
@@ -77,7 +80,7 @@ func TestReconcile(t *testing.T) {
 		if !reflect.DeepEqual(rep.Counts, wantCounts) {
 			t.Fatalf("counts %v, want %v", rep.Counts, wantCounts)
 		}
-		if rep.Events != 5 || rep.IndexDocs != 9 || rep.SourceRows != 8 || !rep.Drifted() {
+		if rep.Events != 6 || rep.IndexDocs != 10 || rep.SourceRows != 9 || !rep.Drifted() {
 			t.Fatalf("report %+v", rep)
 		}
 		if s := rep.Samples[DriftDuplicate]; len(s) != 1 || s[0].SourceID != "dup" || !strings.Contains(s[0].Fix, "repair") {
@@ -96,7 +99,7 @@ func TestReconcile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !rep.Applied || rep.Events != 5 {
+		if !rep.Applied || rep.Events != 6 {
 			t.Fatalf("report %+v", rep)
 		}
 		rows, err := pool.Query(ctx, `SELECT index_name, source_id, version, op, coalesce(document->>'title', '') FROM "`+schemaName+`".events ORDER BY source_id`)
@@ -118,7 +121,7 @@ func TestReconcile(t *testing.T) {
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"buried upsert buried 4", "extra delete  5", "miss upsert miss 1", "resur delete  6", "stale upsert stale v5 5"}
+		want := []string{"ahead upsert ahead v1 3", "buried upsert buried 4", "extra delete  5", "miss upsert miss 1", "resur delete  6", "stale upsert stale v5 5"}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("events\n got %q\nwant %q", got, want)
 		}
@@ -160,9 +163,10 @@ func TestReconcile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// "buried" is now ahead by design: its upsert had to take the
-		// tombstone's version 4 to win over it, above the source's 3.
-		left := map[string]int64{DriftMissing: 0, DriftStale: 0, DriftExtra: 0, DriftResurrected: 0, DriftDuplicate: 1, DriftAhead: 2}
+		// "buried" and "ahead" are now at versions above the source's (the
+		// fixes had to pass what the index held) with the source's
+		// content: not drift.
+		left := map[string]int64{DriftMissing: 0, DriftStale: 0, DriftExtra: 0, DriftResurrected: 0, DriftDuplicate: 1, DriftAhead: 0}
 		if !reflect.DeepEqual(again.Counts, left) {
 			t.Fatalf("after delivering the fixes: counts %v, want %v", again.Counts, left)
 		}
