@@ -76,6 +76,71 @@ func (d *destinationFlags) Set(v string) error {
 }
 
 func runRelay(ctx context.Context, args []string) error {
+	db, es, f, err := parseRelayFlags(args)
+	if err != nil {
+		return err
+	}
+	log := slog.Default()
+
+	pool, err := db.pool(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	esCfg, client, spec, err := connectElasticsearch(ctx, es, f)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	r, err := newRelay(ctx, pool, db.schema, client, spec, f, reg, log)
+	if err != nil {
+		return err
+	}
+
+	jobPool, err := newJobPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer jobPool.Close()
+	sched := jobs.New(jobs.Config{Pool: jobPool, Schema: db.schema, Timeout: f.jobTimeout, Registerer: reg, Logger: log})
+	if err := addJobs(sched, jobPool, client, db.schema, f); err != nil {
+		return err
+	}
+	sched.Start()
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.shutdown)
+		defer cancel()
+		_ = sched.Stop(stopCtx)
+	}()
+
+	// nil without an admin server: then there is nothing to wait for.
+	var adminErr chan error
+	if f.adminAddr != "" {
+		srv, err := newAdminServer(pool, db.schema, client, r, sched, f, reg, log)
+		if err != nil {
+			return err
+		}
+		log.Info("admin server listening", "addr", "http://"+srv.Addr()+"/")
+		adminErr = make(chan error, 1)
+		go func() { adminErr <- srv.Run(ctx) }()
+	}
+
+	log.Info("relay starting", "schema", db.schema, "elasticsearch", esCfg.String())
+	if err := r.Run(ctx); err != nil {
+		return err
+	}
+	if adminErr != nil {
+		// The admin server stops within its own short grace.
+		if err := <-adminErr; err != nil && !errors.Is(err, context.Canceled) {
+			return err
+		}
+	}
+	log.Info("relay stopped")
+	return nil
+}
+
+func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch, and messages to the webhook destinations\ngiven with --destination (each on a stream of its own). Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by.\n\nFlags:")
@@ -122,64 +187,63 @@ func runRelay(ctx context.Context, args []string) error {
 	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
 	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, nil, f, err
 	}
 	if f.jobTimeout <= 0 {
-		return fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
+		return nil, nil, f, fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
 	}
 	if f.abandonedAfter <= 0 {
-		return fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
+		return nil, nil, f, fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
 	}
-	log := slog.Default()
+	return db, es, f, nil
+}
 
-	pool, err := db.pool(ctx)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
+// connectElasticsearch builds the client and refuses, before any event is
+// taken, a server or an index spec that cannot work; a server that does
+// not answer yet is not refused (the relay reports the outage and waits).
+func connectElasticsearch(ctx context.Context, es *esFlags, f relayFlags) (indexer.ClientConfig, *elasticsearch.Client, []byte, error) {
 	esCfg, err := es.config()
 	if err != nil {
-		return err
+		return esCfg, nil, nil, err
 	}
 	client, err := indexer.NewClient(esCfg)
 	if err != nil {
-		return err
+		return esCfg, nil, nil, err
 	}
-	// An unsupported server is refused before any event is taken; one that
-	// does not answer yet is not (the relay reports the outage and waits).
 	checkCtx, cancelCheck := context.WithTimeout(ctx, 15*time.Second)
 	err = indexer.CheckServer(checkCtx, client)
 	cancelCheck()
 	if err != nil {
-		return fmt.Errorf("elasticsearch: %w", err)
+		return esCfg, nil, nil, fmt.Errorf("elasticsearch: %w", err)
 	}
 	var spec []byte
 	if f.indexSpec != "" {
 		if spec, err = os.ReadFile(f.indexSpec); err != nil {
-			return fmt.Errorf("index-spec: %w", err)
+			return esCfg, nil, nil, fmt.Errorf("index-spec: %w", err)
 		}
-		// Checked by the server before any event is taken: a spec it will
-		// not create would otherwise surface only at the first event.
 		if err := checkIndexSpec(ctx, client, spec, len(esCfg.Addresses)); err != nil {
-			return fmt.Errorf("index-spec %s: %w", f.indexSpec, err)
+			return esCfg, nil, nil, fmt.Errorf("index-spec %s: %w", f.indexSpec, err)
 		}
 	}
+	return esCfg, client, spec, nil
+}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+// newRelay wires the Elasticsearch sink, the streams (partitions of the
+// outbox, and one per webhook destination) and the engine.
+func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client *elasticsearch.Client, spec []byte, f relayFlags, reg *prometheus.Registry, log *slog.Logger) (*relay.Relay, error) {
 	sink, err := indexer.NewSink(indexer.Options{
 		Client: client, MaxBatchDocs: f.bulkDocs, MaxBatchBytes: f.bulkBytes, Workers: f.bulkWorkers,
 		IndexSpec: spec, Registerer: reg, Logger: log,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if f.upgrade {
 		go upgradeLayouts(ctx, client, indexer.SplitAddresses(f.indexes), log)
 	}
 	streams, err := relay.Partitions(f.streamPrefix, f.partitions)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i := range streams {
 		if f.indexes != "" {
@@ -188,83 +252,42 @@ func runRelay(ctx context.Context, args []string) error {
 		// Messages have sinks of their own; Elasticsearch never sees them.
 		streams[i].Exclude = []string{outbox.MessagePrefix + "*"}
 	}
-	hooks, err := messageStreams(pool, db.schema, f.destinations, reg, log)
+	hooks, err := messageStreams(pool, schemaName, f.destinations, reg, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	streams = append(streams, hooks...)
-	r, err := relay.New(relay.Config{
-		Pool: pool, Schema: db.schema, Sink: sink, Streams: streams,
+	return relay.New(relay.Config{
+		Pool: pool, Schema: schemaName, Sink: sink, Streams: append(streams, hooks...),
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
 		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
 		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup, StoreInterval: f.storeInterval,
 		Registerer: reg, Logger: log,
 	})
-	if err != nil {
-		return err
-	}
+}
 
-	jobPool, err := newJobPool(ctx, pool)
-	if err != nil {
-		return err
-	}
-	defer jobPool.Close()
-	sched := jobs.New(jobs.Config{Pool: jobPool, Schema: db.schema, Timeout: f.jobTimeout, Registerer: reg, Logger: log})
-	if err := addJobs(sched, jobPool, client, db.schema, f); err != nil {
-		return err
-	}
-	sched.Start()
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.shutdown)
-		defer cancel()
-		_ = sched.Stop(stopCtx)
-	}()
-
-	// nil without an admin server: then there is nothing to wait for.
-	var adminErr chan error
-	if f.adminAddr != "" {
-		adminErr = make(chan error, 1)
-		srv, err := admin.New(admin.Config{
-			Addr: f.adminAddr, Token: f.adminToken, Hosts: f.adminHosts, Gatherer: reg,
-			Stats: func(ctx context.Context) (*relay.Stats, error) {
-				st, err := statsWithPaused(ctx, pool, db.schema, r)
-				if err == nil {
-					st.MarkAbandoned(f.abandonedAfter)
-				}
-				return st, err
-			},
-			Ready: map[string]func(context.Context) error{
-				"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
-				"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
-				"sink":          func(context.Context) error { return pausedError(r) },
-				"relay":         func(context.Context) error { return r.Health() },
-			},
-			Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
-			Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
-				return repair.Rebuilds(ctx, pool, db.schema)
-			},
-		})
-		if err != nil {
-			return err
-		}
-		log.Info("admin server listening", "addr", "http://"+srv.Addr()+"/")
-		go func() { adminErr <- srv.Run(ctx) }()
-	}
-
-	log.Info("relay starting", "schema", db.schema, "streams", len(streams), "elasticsearch", esCfg.String())
-	err = r.Run(ctx)
-	if err != nil {
-		return err
-	}
-	if adminErr != nil {
-		// The admin server stops within its own short grace.
-		if err := <-adminErr; err != nil && !errors.Is(err, context.Canceled) {
-			return err
-		}
-	}
-	log.Info("relay stopped")
-	return nil
+// newAdminServer binds the admin server: dashboard, /metrics, /readyz.
+func newAdminServer(pool *pgxpool.Pool, schemaName string, client *elasticsearch.Client, r *relay.Relay, sched *jobs.Scheduler, f relayFlags, reg *prometheus.Registry, log *slog.Logger) (*admin.Server, error) {
+	return admin.New(admin.Config{
+		Addr: f.adminAddr, Token: f.adminToken, Hosts: f.adminHosts, Gatherer: reg,
+		Stats: func(ctx context.Context) (*relay.Stats, error) {
+			st, err := statsWithPaused(ctx, pool, schemaName, r)
+			if err == nil {
+				st.MarkAbandoned(f.abandonedAfter)
+			}
+			return st, err
+		},
+		Ready: map[string]func(context.Context) error{
+			"postgres":      func(ctx context.Context) error { return pool.Ping(ctx) },
+			"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
+			"sink":          func(context.Context) error { return pausedError(r) },
+			"relay":         func(context.Context) error { return r.Health() },
+		},
+		Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
+		Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
+			return repair.Rebuilds(ctx, pool, schemaName)
+		},
+	})
 }
 
 // listFlag is a repeatable flag whose values may also be comma-separated.
