@@ -16,7 +16,7 @@ func TestRestartIdempotency(t *testing.T) {
 	t.Run("a retry of a write cut off by a PostgreSQL restart succeeds at once with one row", func(t *testing.T) {
 		env := setup(t)
 		cutOffWrite(t, env, func(int) {
-			c := exec.Command("../../../../scripts/services", "restart-pg")
+			c := exec.Command("../../scripts/services", "restart-pg")
 			c.Stdout, c.Stderr = os.Stderr, os.Stderr
 			if err := c.Run(); err != nil {
 				t.Fatalf("scripts/services restart-pg: %v", err)

@@ -256,7 +256,7 @@ func (e *backfillEnv) startRelayProcess(t *testing.T) (kill func()) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "outboxd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/outboxd").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outboxd/cmd/outboxd").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	logs, err := os.Create(filepath.Join(dir, "relay.log"))
