@@ -318,8 +318,11 @@ func TestWebhookDelivery(t *testing.T) {
 		rcv.mu.Lock()
 		span := rcv.times[20].Sub(rcv.times[0])
 		rcv.mu.Unlock()
-		if span < 900*time.Millisecond || most > 2 {
-			t.Fatalf("21 requests at 20/s took %s (want >= 1s), %d at once (want <= 2)", span, most)
+		mu.Lock() // the last handler may still be running
+		peak := most
+		mu.Unlock()
+		if span < 900*time.Millisecond || peak > 2 {
+			t.Fatalf("21 requests at 20/s took %s (want >= 1s), %d at once (want <= 2)", span, peak)
 		}
 	})
 
