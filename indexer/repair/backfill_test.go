@@ -231,8 +231,15 @@ func (wr *writers) stop(t *testing.T) (updates, deletes int64) {
 // startRelay runs a relay in this process until the returned stop.
 func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
 	t.Helper()
+	// The streams `outboxd relay` runs (startRelayProcess): a relay may take
+	// over a stream only with the filters it was started with.
+	streams, err := relay.Partitions("default", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streams[0].Exclude = []string{outbox.MessagePrefix + "*"}
 	r, err := relay.New(relay.Config{
-		Pool: e.pool, Schema: e.schema, Sink: newSink(t, indexer.Options{Client: e.es}),
+		Pool: e.pool, Schema: e.schema, Sink: newSink(t, indexer.Options{Client: e.es}), Streams: streams,
 		BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
 		Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
