@@ -31,6 +31,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	ttl := fs.Duration("key-ttl", DefaultKeyTTL, "how long idempotency keys are remembered")
 	lease := fs.Duration("key-lease", DefaultLease, "how long a PROCESSING key is protected before a retry may take it over")
 	schedule := fs.String("key-cleanup-schedule", DefaultCleanupSchedule, "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *'")
+	notify := fs.String("notify-destination", "", "webhook destination (as configured on outboxd relay --destination) told of every new tutorial, in the creating transaction; empty sends nothing")
 	secretEnv := fs.String("webhook-secret-env", "OUTBOXD_TUTORIALS_WEBHOOK_SECRET", "environment variable holding the secret that POST /api/webhooks/{source} verifies (whsec_<base64> or raw); unset disables the endpoint")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -79,6 +80,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 		Gatherer:      reg,
 		Logger:        slog.Default(),
 		WebhookSecret: secret,
+		Notify:        *notify,
 	})
 	if err != nil {
 		return err

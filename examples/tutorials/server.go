@@ -55,6 +55,10 @@ type Config struct {
 	Logger   *slog.Logger
 	// WebhookSecret verifies POST /api/webhooks/{source}; empty disables it.
 	WebhookSecret []byte
+	// Notify names the webhook destination that hears of every new
+	// tutorial ("tutorial-created:<id>"), appended in the creating
+	// transaction; empty sends nothing.
+	Notify string
 
 	// afterCommit runs after a write committed and before its response is
 	// written. Tests use it to simulate a crash in exactly that gap.
@@ -76,6 +80,7 @@ type Server struct {
 
 	notifications string // quoted schema.notifications
 	webhookSecret []byte
+	notify        string
 
 	afterCommit func(r *http.Request)
 }
@@ -140,6 +145,7 @@ func New(cfg Config) (*Server, error) {
 
 		notifications: id + ".notifications",
 		webhookSecret: cfg.WebhookSecret,
+		notify:        cfg.Notify,
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/tutorials", s.create)

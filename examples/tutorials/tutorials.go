@@ -67,8 +67,20 @@ func (s *Server) appendUpsert(ctx context.Context, tx pgx.Tx, t Tutorial, eventT
 	if err != nil {
 		return err
 	}
-	_, err = s.outbox.Append(ctx, tx, outbox.Event{IndexName: s.index, SourceID: t.ID, Version: t.Version,
-		Op: outbox.OpUpsert, Document: doc, EventType: eventType})
+	if _, err = s.outbox.Append(ctx, tx, outbox.Event{IndexName: s.index, SourceID: t.ID, Version: t.Version,
+		Op: outbox.OpUpsert, Document: doc, EventType: eventType}); err != nil {
+		return err
+	}
+	if s.notify == "" || eventType != "tutorial.created" {
+		return nil
+	}
+	// The notification commits with the tutorial or not at all; its dedupe
+	// key makes "one message per tutorial" hold across retries.
+	payload, err := json.Marshal(map[string]string{"event": eventType, "id": t.ID, "title": t.Title, "author_id": t.AuthorID})
+	if err != nil {
+		return err
+	}
+	_, err = s.outbox.AppendMessage(ctx, tx, outbox.Message{Destination: s.notify, DedupeKey: "tutorial-created:" + t.ID, Payload: payload})
 	return err
 }
 
