@@ -159,29 +159,8 @@ type reconState struct {
 // not fixed: an event only ever addresses _id = source_id; `outboxd
 // repair` handles the rest.
 func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, error) {
-	switch {
-	case opts.ES == nil:
-		return nil, fmt.Errorf("indexer: reconcile: es: no Elasticsearch client")
-	case opts.DB == nil:
-		return nil, fmt.Errorf("indexer: reconcile: db: no PostgreSQL pool")
-	case opts.Index == "":
-		return nil, fmt.Errorf("indexer: reconcile: index: must not be empty")
-	case strings.TrimSpace(opts.SourceSQL) == "":
-		return nil, fmt.Errorf("indexer: reconcile: source_sql: must not be empty")
-	case strings.HasPrefix(opts.VersionField, "_"):
-		return nil, fmt.Errorf("indexer: reconcile: version_field: %q is a metadata field; leave it empty to compare _version", opts.VersionField)
-	}
-	if opts.Sample <= 0 {
-		opts.Sample = 10
-	}
-	if opts.SourceTimeout <= 0 {
-		opts.SourceTimeout = DefaultSourceTimeout
-	}
-	if opts.Batch <= 0 {
-		opts.Batch = 500
-	}
-	if opts.Operator == "" {
-		opts.Operator = "outboxd reconcile"
+	if err := opts.defaults(); err != nil {
+		return nil, err
 	}
 	ob, err := outbox.NewOutbox(opts.Schema)
 	if err != nil {
@@ -195,12 +174,60 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	for _, k := range []string{DriftMissing, DriftStale, DriftExtra, DriftResurrected, DriftDuplicate, DriftAhead} {
 		rep.Counts[k] = 0
 	}
+	states, err := scanStates(ctx, opts, indices, writeIndex, rep)
+	if err != nil {
+		return nil, err
+	}
+	rep.IndexKeys = int64(len(states))
 
+	fx := &reconFixer{opts: opts, ob: ob, rep: rep}
+	if err := fx.source(ctx, states, writeIndex); err != nil {
+		return nil, err
+	}
+	if err := fx.extra(ctx, states); err != nil {
+		return nil, err
+	}
+	if err := fx.flush(ctx); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+func (opts *ReconcileOptions) defaults() error {
+	switch {
+	case opts.ES == nil:
+		return fmt.Errorf("indexer: reconcile: es: no Elasticsearch client")
+	case opts.DB == nil:
+		return fmt.Errorf("indexer: reconcile: db: no PostgreSQL pool")
+	case opts.Index == "":
+		return fmt.Errorf("indexer: reconcile: index: must not be empty")
+	case strings.TrimSpace(opts.SourceSQL) == "":
+		return fmt.Errorf("indexer: reconcile: source_sql: must not be empty")
+	case strings.HasPrefix(opts.VersionField, "_"):
+		return fmt.Errorf("indexer: reconcile: version_field: %q is a metadata field; leave it empty to compare _version", opts.VersionField)
+	}
+	if opts.Sample <= 0 {
+		opts.Sample = 10
+	}
+	if opts.SourceTimeout <= 0 {
+		opts.SourceTimeout = DefaultSourceTimeout
+	}
+	if opts.Batch <= 0 {
+		opts.Batch = 500
+	}
+	if opts.Operator == "" {
+		opts.Operator = "outboxd reconcile"
+	}
+	return nil
+}
+
+// scanStates reads what the index holds per source_id.
+func scanStates(ctx context.Context, opts ReconcileOptions, indices []string, writeIndex string, rep *ReconcileReport) (map[string]reconState, error) {
 	if n, err := scanCount(ctx, opts.ES, indices); err == nil {
 		opts.Progress.SetTotal(n)
 	}
 	states := map[string]reconState{}
-	err = Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: sourceFields(nil, opts.VersionField, ""), Progress: opts.Progress, Refresh: true}, func(h ScanHit) error {
+	err := Scan(ctx, opts.ES, ScanOptions{Indices: indices, SourceIncludes: sourceFields(nil, opts.VersionField, ""), Progress: opts.Progress, Refresh: true}, func(h ScanHit) error {
 		rep.IndexDocs++
 		sid, d, _, err := keyOf(h, []string{"source_id"}, opts.VersionField, "")
 		if err != nil {
@@ -226,28 +253,32 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	if err != nil {
 		return nil, fmt.Errorf("indexer: reconcile: %w", err)
 	}
-	rep.IndexKeys = int64(len(states))
+	return states, nil
+}
 
-	fx := &reconFixer{opts: opts, ob: ob, rep: rep}
-	note := func(kind, sid string, srcV int64, st reconState, fix string) {
-		rep.Counts[kind]++
-		if len(rep.Samples[kind]) < opts.Sample {
-			rep.Samples[kind] = append(rep.Samples[kind], DriftSample{Kind: kind, SourceID: sid, SourceVersion: srcV, IndexVersion: st.maxLive, LiveDocs: int(st.live), Fix: fix})
-		}
+// note counts one drift and keeps it as a sample.
+func (f *reconFixer) note(kind, sid string, srcV int64, st reconState, fix string) {
+	f.rep.Counts[kind]++
+	if len(f.rep.Samples[kind]) < f.opts.Sample {
+		f.rep.Samples[kind] = append(f.rep.Samples[kind], DriftSample{Kind: kind, SourceID: sid, SourceVersion: srcV, IndexVersion: st.maxLive, LiveDocs: int(st.live), Fix: fix})
 	}
+}
 
-	src, err := opts.DB.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+// source walks SourceSQL, in a read-only transaction with a statement
+// timeout, and notes (and queues fixes for) every row that drifted.
+func (f *reconFixer) source(ctx context.Context, states map[string]reconState, writeIndex string) error {
+	src, err := f.opts.DB.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, fmt.Errorf("indexer: reconcile: source_sql: begin: %w", err)
+		return fmt.Errorf("indexer: reconcile: source_sql: begin: %w", err)
 	}
 	defer src.Rollback(context.WithoutCancel(ctx))
-	if _, err := src.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.FormatInt(opts.SourceTimeout.Milliseconds(), 10)); err != nil {
-		return nil, fmt.Errorf("indexer: reconcile: source_sql: set statement_timeout: %w", err)
+	if _, err := src.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, strconv.FormatInt(f.opts.SourceTimeout.Milliseconds(), 10)); err != nil {
+		return fmt.Errorf("indexer: reconcile: source_sql: set statement_timeout: %w", err)
 	}
 	var ahead []aheadRow
-	rows, err := src.Query(ctx, opts.SourceSQL)
+	rows, err := src.Query(ctx, f.opts.SourceSQL)
 	if err != nil {
-		return nil, sourceError(ctx, err, opts.SourceTimeout)
+		return sourceError(ctx, err, f.opts.SourceTimeout)
 	}
 	defer rows.Close()
 	cols := len(rows.FieldDescriptions())
@@ -256,9 +287,9 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		// guard's refusals arrive here with no columns.
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, sourceError(ctx, err, opts.SourceTimeout)
+			return sourceError(ctx, err, f.opts.SourceTimeout)
 		}
-		return nil, fmt.Errorf("indexer: reconcile: source_sql: returns %d columns; want source_id, version, document[, deleted]", cols)
+		return fmt.Errorf("indexer: reconcile: source_sql: returns %d columns; want source_id, version, document[, deleted]", cols)
 	}
 	for rows.Next() {
 		var (
@@ -272,11 +303,11 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 			dest = append(dest, &deleted)
 		}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("indexer: reconcile: source_sql row %d: %w", rep.SourceRows+1, err)
+			return fmt.Errorf("indexer: reconcile: source_sql row %d: %w", f.rep.SourceRows+1, err)
 		}
-		rep.SourceRows++
+		f.rep.SourceRows++
 		if ver == nil {
-			return nil, fmt.Errorf("indexer: reconcile: source_sql row %d (source_id %q): version: is NULL", rep.SourceRows, sid)
+			return fmt.Errorf("indexer: reconcile: source_sql row %d (source_id %q): version: is NULL", f.rep.SourceRows, sid)
 		}
 		v := *ver
 		st, inIndex := states[sid]
@@ -288,20 +319,20 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 		if gone {
 			if st.live > 0 {
 				if st.liveOff > 0 {
-					note(DriftResurrected, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
-					rep.NeedsRepair++
+					f.note(DriftResurrected, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
+					f.rep.NeedsRepair++
 				} else {
 					at := max(v, st.canonVersion+1)
-					note(DriftResurrected, sid, v, st, fmt.Sprintf("delete at version %d", at))
-					if err := fx.add(ctx, outbox.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: outbox.OpDelete}); err != nil {
-						return nil, err
+					f.note(DriftResurrected, sid, v, st, fmt.Sprintf("delete at version %d", at))
+					if err := f.add(ctx, outbox.Event{IndexName: f.opts.Index, SourceID: sid, Version: at, Op: outbox.OpDelete}); err != nil {
+						return err
 					}
 				}
 			}
 			continue
 		}
 		if st.live > 1 {
-			note(DriftDuplicate, sid, v, st, "needs repair: outboxd repair --key source_id")
+			f.note(DriftDuplicate, sid, v, st, "needs repair: outboxd repair --key source_id")
 		}
 		var kind string
 		switch {
@@ -311,14 +342,14 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 			kind = DriftStale
 		case st.maxLive > v:
 			if st.liveOff > 0 {
-				note(DriftAhead, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
-				rep.NeedsRepair++
+				f.note(DriftAhead, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
+				f.rep.NeedsRepair++
 				continue
 			}
 			ahead = append(ahead, aheadRow{sid: sid, v: v, doc: doc, st: st})
-			if len(ahead) >= opts.Batch {
-				if err := fx.ahead(ctx, writeIndex, ahead, note); err != nil {
-					return nil, err
+			if len(ahead) >= f.opts.Batch {
+				if err := f.ahead(ctx, writeIndex, ahead); err != nil {
+					return err
 				}
 				ahead = ahead[:0]
 			}
@@ -327,24 +358,30 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 			continue
 		}
 		if st.liveOff > 0 {
-			note(kind, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
-			rep.NeedsRepair++
+			f.note(kind, sid, v, st, "needs repair: a visible copy is not at _id = source_id")
+			f.rep.NeedsRepair++
 			continue
 		}
 		at := max(v, st.canonVersion)
-		note(kind, sid, v, st, fmt.Sprintf("upsert at version %d", at))
-		if err := fx.add(ctx, outbox.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: outbox.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
-			return nil, err
+		f.note(kind, sid, v, st, fmt.Sprintf("upsert at version %d", at))
+		if err := f.add(ctx, outbox.Event{IndexName: f.opts.Index, SourceID: sid, Version: at, Op: outbox.OpUpsert, Document: json.RawMessage(doc)}); err != nil {
+			return err
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, sourceError(ctx, err, opts.SourceTimeout)
+		return sourceError(ctx, err, f.opts.SourceTimeout)
 	}
 	rows.Close()
-	if err := fx.ahead(ctx, writeIndex, ahead, note); err != nil {
-		return nil, err
+	if err := f.ahead(ctx, writeIndex, ahead); err != nil {
+		return err
 	}
 
+	return nil
+}
+
+// extra notes (and queues deletes for) what the source did not mention
+// and is still visible.
+func (f *reconFixer) extra(ctx context.Context, states map[string]reconState) error {
 	// Whatever the source did not mention and is still visible is extra.
 	// Sorted, so samples and events are deterministic.
 	var extra []string
@@ -357,20 +394,17 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	for _, sid := range extra {
 		st := states[sid]
 		if st.liveOff > 0 {
-			note(DriftExtra, sid, 0, st, "needs repair: a visible copy is not at _id = source_id")
-			rep.NeedsRepair++
+			f.note(DriftExtra, sid, 0, st, "needs repair: a visible copy is not at _id = source_id")
+			f.rep.NeedsRepair++
 			continue
 		}
 		at := st.canonVersion + 1
-		note(DriftExtra, sid, 0, st, fmt.Sprintf("delete at version %d", at))
-		if err := fx.add(ctx, outbox.Event{IndexName: opts.Index, SourceID: sid, Version: at, Op: outbox.OpDelete}); err != nil {
-			return nil, err
+		f.note(DriftExtra, sid, 0, st, fmt.Sprintf("delete at version %d", at))
+		if err := f.add(ctx, outbox.Event{IndexName: f.opts.Index, SourceID: sid, Version: at, Op: outbox.OpDelete}); err != nil {
+			return err
 		}
 	}
-	if err := fx.flush(ctx); err != nil {
-		return nil, err
-	}
-	return rep, nil
+	return nil
 }
 
 // sourceError names the two ways the guard around SourceSQL refuses it.
@@ -399,8 +433,7 @@ type aheadRow struct {
 
 // ahead reads the indexed documents of rows and turns those whose content
 // differs from the source into fixes (see Reconcile).
-func (f *reconFixer) ahead(ctx context.Context, writeIndex string, rows []aheadRow,
-	note func(kind, sid string, srcV int64, st reconState, fix string)) error {
+func (f *reconFixer) ahead(ctx context.Context, writeIndex string, rows []aheadRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
@@ -429,7 +462,7 @@ func (f *reconFixer) ahead(ctx context.Context, writeIndex string, rows []aheadR
 			continue
 		}
 		at := max(row.st.maxLive, row.st.canonVersion) + 1
-		note(DriftAhead, row.sid, row.v, row.st, fmt.Sprintf("upsert of the source's document at version %d", at))
+		f.note(DriftAhead, row.sid, row.v, row.st, fmt.Sprintf("upsert of the source's document at version %d", at))
 		if err := f.add(ctx, outbox.Event{IndexName: f.opts.Index, SourceID: row.sid, Version: at, Op: outbox.OpUpsert, Document: json.RawMessage(row.doc)}); err != nil {
 			return err
 		}
