@@ -332,7 +332,7 @@ func (f *reconFixer) source(ctx context.Context, states map[string]reconState, w
 			continue
 		}
 		if st.live > 1 {
-			f.note(DriftDuplicate, sid, v, st, "needs repair: outboxd repair --key source_id")
+			f.note(DriftDuplicate, sid, v, st, "needs repair: several live documents for this source_id (merge them by the key source_id)")
 		}
 		var kind string
 		switch {
