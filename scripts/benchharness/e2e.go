@@ -27,7 +27,9 @@ import (
 // e2eScenario: outbox -> relay -> indexer.Sink (versioned bulk upserts)
 // against a raw _bulk loader pushing the same documents, unversioned, with
 // the same bulk size and concurrency, into an index with the same settings
-// (the ceiling); and a naive sink, one index request per event (the floor).
+// (the ceiling); a hand-written loader reading the same outbox rows from
+// PostgreSQL and bulk-indexing them alike (what the relay replaces); and a
+// naive sink, one index request per event (the floor).
 func (b *bench) e2eScenario(ctx context.Context) error {
 	cfg := b.cfg
 	if b.es == nil {
@@ -74,6 +76,22 @@ func (b *bench) e2eScenario(ctx context.Context) error {
 	b.rep.key("e2e: outbox -> relay -> Elasticsearch (versioned, page %d, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
 		cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, rel.Seconds(), rate(float64(n)/rel.Seconds()), loadAvg())
 	b.deleteIndices(ctx, name)
+
+	// The hand-written loader, on the same rows.
+	hand := b.newIndexName()
+	if err := indexer.Bootstrap(ctx, b.es, hand, nil); err != nil {
+		return err
+	}
+	handTook, err := handLoad(ctx, b.pool, b.es, s, indexer.FirstIndex(hand), n, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers)
+	if err != nil {
+		return fmt.Errorf("hand-written loader: %w", err)
+	}
+	if err := b.checkCount(ctx, hand, n); err != nil {
+		return err
+	}
+	b.rep.key("e2e: hand-written loader (pgx keyset pages of %d from the outbox table, unversioned index actions, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
+		cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, handTook.Seconds(), rate(float64(n)/handTook.Seconds()), loadAvg())
+	b.deleteIndices(ctx, hand)
 	b.dropSchema(ctx, s)
 
 	// The raw loader.
@@ -135,10 +153,12 @@ func (b *bench) e2eScenario(ctx context.Context) error {
 	b.deleteIndices(ctx, naive)
 	b.dropSchema(ctx, s2)
 
-	ratio := rawTook.Seconds() / rel.Seconds()
-	b.rep.key("e2e: ratio relay/raw = %.2f; relay/raw-versioned = %.2f; raw-versioned/raw = %.2f; relay/naive = %.1fx", ratio,
-		rawvTook.Seconds()/rel.Seconds(), rawTook.Seconds()/rawvTook.Seconds(), (float64(n)/rel.Seconds())/(float64(nn)/naiveTook.Seconds()))
-	b.rep.goal(ratio >= 0.9, "end-to-end docs/s >= 0.9x raw _bulk: %.2f", ratio)
+	ratio, handRatio := rawTook.Seconds()/rel.Seconds(), handTook.Seconds()/rel.Seconds()
+	b.rep.key("e2e: ratio relay/raw = %.2f; relay/hand-written loader = %.2f; relay/raw-versioned = %.2f; raw-versioned/raw = %.2f; relay/naive = %.1fx",
+		ratio, handRatio, rawvTook.Seconds()/rel.Seconds(), rawTook.Seconds()/rawvTook.Seconds(), (float64(n)/rel.Seconds())/(float64(nn)/naiveTook.Seconds()))
+	b.rep.goal(ratio >= 0.8, "end-to-end docs/s >= 0.8x raw prebuilt _bulk: %.2f", ratio)
+	b.rep.goal(ratio >= 0.9, "stretch: end-to-end docs/s >= 0.9x raw prebuilt _bulk: %.2f", ratio)
+	b.rep.goal(handRatio >= 1, "end-to-end docs/s >= 1.0x the hand-written loader: %.2f", handRatio)
 	return nil
 }
 

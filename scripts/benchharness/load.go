@@ -37,15 +37,23 @@ func loadBacklog(ctx context.Context, pool *pgxpool.Pool, schemaName, index stri
 	return load(ctx, pool, schemaName, index, from, n, txSize, workers, true)
 }
 
+// smallDocSQL is rawDoc(g) in SQL.
+const smallDocSQL = `jsonb_build_object('n', g, 'body', '` + docBody + `'::text, 'title', 'tutorial ' || g)`
+
 // load is loadBacklog; checkpoint false leaves out the CHECKPOINT (the WAL
 // scenario reads the WAL it measured, which a checkpoint may recycle).
 func load(ctx context.Context, pool *pgxpool.Pool, schemaName, index string, from, n int64, txSize, workers int, checkpoint bool) (time.Duration, error) {
+	return loadDocs(ctx, pool, schemaName, index, from, n, txSize, workers, checkpoint, smallDocSQL)
+}
+
+// loadDocs is load with docSQL, an expression of g, as each document.
+func loadDocs(ctx context.Context, pool *pgxpool.Pool, schemaName, index string, from, n int64, txSize, workers int, checkpoint bool, docSQL string) (time.Duration, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return 0, err
 	}
 	sql := `INSERT INTO ` + id + `.events (index_name, source_id, version, op, document)
-		SELECT $1, 'doc-' || g, 1, 'upsert', jsonb_build_object('n', g, 'body', '` + docBody + `'::text, 'title', 'tutorial ' || g)
+		SELECT $1, 'doc-' || g, 1, 'upsert', ` + docSQL + `
 		FROM generate_series($2::bigint, $3::bigint) g`
 	start := time.Now()
 	var next atomic.Int64

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,16 +46,37 @@ type config struct {
 	bulkDocs    int
 	bulkWorkers int
 
+	outboxd   string
+	relayArgs string
+
+	writersConns  int
+	writersPhase  time.Duration
+	writersRounds int
+
+	lowDuration time.Duration
+	lowWorkers  int
+	idleDuration time.Duration
+
+	memN        int
+	memDocKB    int
+	memRate     int
+	memDuration time.Duration
+	memBigMB    int
+
+	shutdownN int
+
 	profileDir string
 	childGOGC  string
 	keep       bool
 }
 
+var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown"}
+
 func parseConfig(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e (comma-separated, or all).\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown (comma-separated, or all).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envString(name, def), usage) }
@@ -62,7 +84,7 @@ func parseConfig(args []string) (*config, error) {
 	dur := func(p *time.Duration, name string, def time.Duration, usage string) {
 		fs.DurationVar(p, name, envDuration(name, def), usage)
 	}
-	str(&c.scenarios, "scenarios", "all", "scenarios to run: drain,wal,latency,rss,e2e or all")
+	str(&c.scenarios, "scenarios", "all", "scenarios to run: "+strings.Join(scenarioNames, ",")+" or all")
 	num(&c.pageDocs, "page-docs", 2000, "relay page size (MaxBatchDocs) for the no-op drains")
 	num(&c.prefetch, "prefetch", 2, "relay Prefetch")
 	num(&c.loadTx, "load-tx", 1000, "events per transaction when loading a backlog")
@@ -83,6 +105,20 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.e2ePageDocs, "e2e-page-docs", 4000, "e2e: relay page size; bulk-docs x bulk-workers keeps every worker busy")
 	num(&c.bulkDocs, "bulk-docs", 1000, "e2e: documents per bulk request (sink and raw loader alike)")
 	num(&c.bulkWorkers, "bulk-workers", 4, "e2e: bulk requests in flight (sink and raw loader alike)")
+	str(&c.outboxd, "outboxd", "bin/outboxd", "the outboxd binary the writers, lowrate, idle, memory and shutdown scenarios run as `outboxd relay` (scripts/bench builds it)")
+	str(&c.relayArgs, "relay-args", "", "extra flags for every `outboxd relay` child, space-separated (e.g. \"--batch-docs 2000 --max-poll 200ms\")")
+	num(&c.writersConns, "writers-conns", 8, "writers: client connections, one business transaction at a time each")
+	dur(&c.writersPhase, "writers-phase", 5*time.Second, "writers: length of each A/B(/C) phase")
+	num(&c.writersRounds, "writers-rounds", 2, "writers: alternations of the phases (>= 2)")
+	dur(&c.lowDuration, "lowrate-duration", 20*time.Second, "lowrate: paced production per rate (500, 1000, 5000 events/s; the recorded run: 60s)")
+	num(&c.lowWorkers, "lowrate-workers", 8, "lowrate: producer connections, one event per transaction")
+	dur(&c.idleDuration, "idle-duration", 20*time.Second, "idle: measured time with no events (the recorded run: 60s)")
+	num(&c.memN, "memory-n", 20_000, "memory: backlog of large documents drained by an outboxd relay (the recorded run: 1000000)")
+	num(&c.memDocKB, "memory-doc-kb", 10, "memory: document size in the backlog and the sustained phase, KB")
+	num(&c.memRate, "memory-rate", 2000, "memory: events/s of the sustained phase")
+	dur(&c.memDuration, "memory-duration", 15*time.Second, "memory: length of the sustained phase")
+	num(&c.memBigMB, "memory-big-mb", 50, "memory: size of the single large document, MB (0 skips it)")
+	num(&c.shutdownN, "shutdown-n", 200_000, "shutdown: backlog the relay is draining when it gets SIGTERM")
 	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
 	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
 	fs.BoolVar(&c.keep, "keep", envBool("keep"), "keep schemas and indices (for inspection)")
@@ -95,10 +131,17 @@ func parseConfig(args []string) (*config, error) {
 	for name, v := range map[string]int{"drain-n": c.drainN, "naive-n": c.naiveN, "wal-n": c.walN, "wal-repeat": c.walRepeat,
 		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
 		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
-		"load-tx": c.loadTx, "load-workers": c.loadWorkers} {
+		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "lowrate-workers": c.lowWorkers,
+		"memory-n": c.memN, "memory-doc-kb": c.memDocKB, "memory-rate": c.memRate, "shutdown-n": c.shutdownN} {
 		if v < 1 {
 			return nil, fmt.Errorf("%s: must be >= 1, got %d", name, v)
 		}
+	}
+	if c.writersRounds < 2 {
+		return nil, fmt.Errorf("writers-rounds: must be >= 2, got %d", c.writersRounds)
+	}
+	if c.memBigMB < 0 {
+		return nil, fmt.Errorf("memory-big-mb: must be >= 0, got %d", c.memBigMB)
 	}
 	if c.peerN < 0 {
 		return nil, fmt.Errorf("peer-n: must be >= 0, got %d", c.peerN)
@@ -122,16 +165,16 @@ func (c *config) rss() ([]int, error) {
 }
 
 func (c *config) selected() (map[string]bool, error) {
-	all := []string{"drain", "wal", "latency", "rss", "e2e"}
+	all := scenarioNames
 	out := map[string]bool{}
 	for _, s := range strings.Split(c.scenarios, ",") {
 		s = strings.TrimSpace(s)
-		switch s {
-		case "all":
+		switch {
+		case s == "all":
 			for _, a := range all {
 				out[a] = true
 			}
-		case "drain", "wal", "latency", "rss", "e2e":
+		case slices.Contains(all, s):
 			out[s] = true
 		default:
 			return nil, fmt.Errorf("scenarios: unknown scenario %q (want %s or all)", s, strings.Join(all, ","))
@@ -168,6 +211,11 @@ func run(ctx context.Context, args []string) error {
 		{"latency", b.latencyScenario},
 		{"rss", b.rssScenario},
 		{"e2e", b.e2eScenario},
+		{"writers", b.writersScenario},
+		{"lowrate", b.lowrateScenario},
+		{"idle", b.idleScenario},
+		{"memory", b.memoryScenario},
+		{"shutdown", b.shutdownScenario},
 	}
 	var failed []string
 	for _, s := range steps {
