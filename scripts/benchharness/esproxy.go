@@ -39,8 +39,8 @@ type esProxy struct {
 	inFlight atomic.Int64
 	lastAck  atomic.Int64 // unix nanos of the last answer
 
-	mu       sync.Mutex
-	answers  []bulkAnswer
+	mu      sync.Mutex
+	answers []bulkAnswer
 
 	// onAck, when set, is called with every document id of an answered
 	// bulk request and the time of the answer.

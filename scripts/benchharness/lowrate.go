@@ -51,8 +51,8 @@ func (b *bench) lowrateScenario(ctx context.Context) error {
 		return err
 	}
 	defer proxy.close()
-	b.rep.line("outboxd relay %s -> proxy -> Elasticsearch; %d producer connections, one Outbox.Append per transaction, %s per rate",
-		b.cfg.relayArgs, b.cfg.lowWorkers, b.cfg.lowDuration)
+	b.rep.line("outboxd relay %s-> proxy -> Elasticsearch; %d producer connections, one Outbox.Append per transaction, %s per rate",
+		relayArgsShown(b.cfg.relayArgs), b.cfg.lowWorkers, b.cfg.lowDuration)
 	res := map[int]lowResult{}
 	for _, rate := range []int{lowRate, latRate, highRate} {
 		r, err := b.lowratePhase(ctx, proxy, rate)

@@ -12,6 +12,10 @@
 //	                                in this child so the harness's own memory
 //	                                does not count)
 //
+// The lowrate, idle, memory and shutdown scenarios measure what a
+// deployment costs, so they run the real `outboxd relay` binary as a child
+// instead, behind a proxy that sees Elasticsearch's answers (esproxy.go).
+//
 // Every schema and index it creates has a unique bench_/bench- name and is
 // dropped at the end, also after a failure or an interrupt.
 package main

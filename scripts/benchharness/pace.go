@@ -15,8 +15,9 @@ import (
 )
 
 // pace hands g = 1..rate*d to workers at rate per second, each calling
-// commit(g); workers that fall behind make the achieved rate lower, which
-// the caller reports. It returns how many were committed and the time it
+// commit(g), for d: workers that fall behind make the achieved rate lower
+// (the caller reports it), not the phase longer; what they have not begun
+// by then is dropped. It returns how many were committed and the time it
 // took.
 func pace(ctx context.Context, rate int, d time.Duration, workers int, commit func(g int64) error) (int, time.Duration, error) {
 	total := int(float64(rate) * d.Seconds())
@@ -24,11 +25,16 @@ func pace(ctx context.Context, rate int, d time.Duration, workers int, commit fu
 	var wg sync.WaitGroup
 	var failed atomic.Pointer[error]
 	var done atomic.Int64
+	start := time.Now()
+	deadline := start.Add(d)
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for g := range jobs {
+				if time.Now().After(deadline) {
+					continue
+				}
 				if err := commit(g); err != nil {
 					failed.CompareAndSwap(nil, &err)
 					continue
@@ -38,12 +44,11 @@ func pace(ctx context.Context, rate int, d time.Duration, workers int, commit fu
 		}()
 	}
 	interval := time.Second / time.Duration(rate)
-	start := time.Now()
 	for i := range total {
 		if dl := time.Until(start.Add(time.Duration(i) * interval)); dl > 0 {
 			time.Sleep(dl)
 		}
-		if ctx.Err() != nil || failed.Load() != nil {
+		if ctx.Err() != nil || failed.Load() != nil || time.Now().After(deadline) {
 			break
 		}
 		jobs <- int64(i + 1)

@@ -39,9 +39,11 @@ func procCPU(pid int) (time.Duration, bool) {
 	return time.Duration(ut+st) * clockTick, true
 }
 
-// localTCPPorts are the local ports of pid's TCP sockets: its client ends
-// of PostgreSQL connections among them.
-func localTCPPorts(pid int) []int {
+// localTCPPorts are the local ports of pid's TCP sockets connected to
+// remotePort: its client ends of PostgreSQL connections. (Its connections
+// to Elasticsearch may use the same local port numbers as someone else's
+// PostgreSQL sessions.)
+func localTCPPorts(pid, remotePort int) []int {
 	dir := "/proc/" + strconv.Itoa(pid)
 	fds, err := os.ReadDir(dir + "/fd")
 	if err != nil {
@@ -67,12 +69,12 @@ func localTCPPorts(pid int) []int {
 			if len(fields) < 10 || !inodes[fields[9]] {
 				continue
 			}
-			_, port, ok := strings.Cut(fields[1], ":")
-			if !ok {
-				continue
-			}
-			if p, err := strconv.ParseInt(port, 16, 32); err == nil {
-				ports = append(ports, int(p))
+			_, local, _ := strings.Cut(fields[1], ":")
+			_, remote, _ := strings.Cut(fields[2], ":")
+			lp, err1 := strconv.ParseInt(local, 16, 32)
+			rp, err2 := strconv.ParseInt(remote, 16, 32)
+			if err1 == nil && err2 == nil && int(rp) == remotePort {
+				ports = append(ports, int(lp))
 			}
 		}
 		f.Close()
@@ -103,7 +105,7 @@ func newCPUMeter(pid int, pool *pgxpool.Pool) *cpuMeter {
 
 // backends are the server pids of the relay's connections right now.
 func (m *cpuMeter) backends(ctx context.Context) []int {
-	ports := localTCPPorts(m.pid)
+	ports := localTCPPorts(m.pid, int(m.pool.Config().ConnConfig.Port))
 	if len(ports) == 0 {
 		return nil
 	}

@@ -175,3 +175,11 @@ func (t *tailBuffer) String() string {
 	defer t.mu.Unlock()
 	return strings.TrimSpace(t.buf.String())
 }
+
+// relayArgsShown is -relay-args for a report line, with a trailing space.
+func relayArgsShown(args string) string {
+	if f := strings.Fields(args); len(f) > 0 {
+		return strings.Join(f, " ") + " "
+	}
+	return ""
+}

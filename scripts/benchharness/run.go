@@ -53,8 +53,8 @@ type config struct {
 	writersPhase  time.Duration
 	writersRounds int
 
-	lowDuration time.Duration
-	lowWorkers  int
+	lowDuration  time.Duration
+	lowWorkers   int
 	idleDuration time.Duration
 
 	memN        int
@@ -202,6 +202,9 @@ func run(ctx context.Context, args []string) error {
 	defer b.cleanup()
 
 	b.rep.header(fmt.Sprintf("outboxd benchmark  %s  %s/%s  %d CPUs  %s", time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), b.serverInfo(ctx)))
+	if cfg.relayArgs != "" {
+		b.rep.line("outboxd relay children run with: %s", cfg.relayArgs)
+	}
 	steps := []struct {
 		name string
 		fn   func(context.Context) error
