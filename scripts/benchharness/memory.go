@@ -207,10 +207,15 @@ func (b *bench) memoryBig(ctx context.Context, proxy *esProxy) error {
 	if _, err := p.stop(30 * time.Second); err != nil {
 		return err
 	}
+	short := outcome
+	if len(short) > 100 {
+		b.rep.line("%s", outcome)
+		short = short[:100] + "..."
+	}
 	b.rep.key("memory: one %d MB document %s after %.1fs: peak RSS (VmHWM) %s (%s before it) (load avg %s)",
-		cfg.memBigMB, outcome, elapsed.Seconds(), mb(peak), mb(before), loadAvg())
+		cfg.memBigMB, short, elapsed.Seconds(), mb(peak), mb(before), loadAvg())
 	b.rep.goal(outcome == "delivered" || len(outcome) > len("dead-lettered: "),
-		"a %d MB document is delivered or dead-lettered with a reason: %s", cfg.memBigMB, outcome)
+		"a %d MB document is delivered or dead-lettered with a reason: %s", cfg.memBigMB, short)
 	b.deleteIndices(ctx, index)
 	b.dropSchema(ctx, s)
 	return nil

@@ -90,7 +90,14 @@ func (b *bench) shutdownScenario(ctx context.Context) error {
 	// Elasticsearch after the signal: until its last bulk answer.
 	work := max(time.Duration(proxy.lastAck.Load()-sig.UnixNano()), 0)
 	var answers []string
-	for _, a := range proxy.answersSince(sig) {
+	after := proxy.answersSince(sig)
+	for i, a := range after {
+		if i == 10 && len(after) > 12 {
+			answers = append(answers, fmt.Sprintf("(%d more)", len(after)-11))
+			a = after[len(after)-1]
+		} else if i > 10 && len(after) > 12 {
+			continue
+		}
 		answers = append(answers, ms(time.Duration(a.at-sig.UnixNano())))
 	}
 	b.rep.key("shutdown: draining outboxd relay exited %s after SIGTERM; %d bulk requests in flight then, %d sent after it, answers after it at [%s]; %d of %d events acknowledged (load avg %s)",
