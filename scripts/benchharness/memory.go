@@ -209,7 +209,7 @@ func (b *bench) memoryBig(ctx context.Context, proxy *esProxy) error {
 	}
 	short := outcome
 	if len(short) > 100 {
-		b.rep.line("%s", outcome)
+		b.rep.line("the large document: %s", outcome)
 		short = short[:100] + "..."
 	}
 	b.rep.key("memory: one %d MB document %s after %.1fs: peak RSS (VmHWM) %s (%s before it) (load avg %s)",
