@@ -174,15 +174,32 @@ func (r *reader) next(ctx context.Context) (page, error) {
 }
 
 // nextBatch takes a new snapshot and reads the first page under it, in one
-// repeatable-read transaction so the page and the snapshot agree.
+// repeatable-read transaction so the page and the snapshot agree. The page
+// query depends only on done, not on the new snapshot (the statement's own
+// snapshot bounds the batch), so the whole transaction goes to the server
+// as one pipeline: an idle poll costs one round trip, not four.
 func (r *reader) nextBatch(ctx context.Context) (page, error) {
-	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
-	defer tx.Rollback(ctx)
+	// A pipeline cut short by an error leaves its transaction open; the
+	// pool closes such a connection on release rather than reuse it.
+	defer conn.Release()
+	r.pos.cursorXID, r.pos.cursorID = 0, 0
+	sql, args := r.pageSQL(nil)
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	b.Queue(`SELECT pg_current_snapshot()::text`)
+	b.Queue(sql, args...)
+	b.Queue(`COMMIT`)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
 	var text string
-	if err := tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
+	if err := br.QueryRow().Scan(&text); err != nil {
 		return page{}, fmt.Errorf("relay: take snapshot: %w", err)
 	}
 	snap, err := ParseSnapshot(text)
@@ -196,17 +213,22 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 			"the database's transaction counter (%d) is behind the stored position (%d): was it restored or replaced? Reset the stream's progress deliberately", snap.Xmax, r.pos.done.Xmax)}
 	}
 	if snap.Xmax == r.pos.done.Xmax && len(finishedSince(r.pos.done, snap)) == 0 {
-		// Nothing has committed since done: skip the events query.
+		// Nothing has committed since done: the page read is empty.
 		return page{pos: r.pos}, nil
 	}
-	r.pos.batch = &snap
-	r.pos.cursorXID, r.pos.cursorID = 0, 0
-	sql, args := r.pageSQL(nil)
-	rows, err := tx.Query(ctx, sql, args...)
+	rows, err := br.Query()
 	if err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
-	return r.collect(rows)
+	r.pos.batch = &snap
+	p, err := r.collect(rows)
+	if err != nil {
+		return page{}, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	return p, nil
 }
 
 func (r *reader) collect(rows pgx.Rows) (page, error) {
