@@ -46,6 +46,8 @@ type relayFlags struct {
 	maxAttempts             int
 	backoffBase, backoffMax time.Duration
 	minPoll, maxPoll        time.Duration
+	linger                  time.Duration
+	lingerDocs              int
 	lease, shutdown         time.Duration
 	storeInterval           time.Duration
 	adminAddr, adminToken   string
@@ -166,6 +168,8 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "longest retry delay")
 	fs.DurationVar(&f.minPoll, "min-poll", 2*time.Millisecond, "first wait after an empty poll")
 	fs.DurationVar(&f.maxPoll, "max-poll", 100*time.Millisecond, "longest wait between polls when idle")
+	fs.DurationVar(&f.linger, "linger", 60*time.Millisecond, "how long a page read at a low rate may wait for more events before it goes to Elasticsearch, so a trickle makes fewer, larger bulk requests; a backlog never waits; 0 disables")
+	fs.IntVar(&f.lingerDocs, "linger-docs", 30, "a lingering page goes at once when it holds this many events")
 	fs.BoolVar(&f.wakeup, "wakeup", false, "also wake on NOTIFY from the outbox (enable with SELECT <schema>.enable_wakeup()); adds a NOTIFY per writing transaction")
 	fs.DurationVar(&f.storeInterval, "store-interval", 100*time.Millisecond, "how often progress is stored while events flow (a crash re-delivers at most this much)")
 	fs.DurationVar(&f.lease, "lease-interval", time.Second, "how often a standby tries to take over a stream")
@@ -188,6 +192,9 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, nil, f, err
+	}
+	if f.linger < 0 {
+		return nil, nil, f, fmt.Errorf("linger: must be >= 0, got %v", f.linger)
 	}
 	if f.jobTimeout <= 0 {
 		return nil, nil, f, fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
@@ -259,11 +266,19 @@ func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client
 	return relay.New(relay.Config{
 		Pool: pool, Schema: schemaName, Sink: sink, Streams: append(streams, hooks...),
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
-		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll,
+		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll, Linger: lingerOf(f.linger), LingerDocs: f.lingerDocs,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
 		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup, StoreInterval: f.storeInterval,
 		Registerer: reg, Logger: log,
 	})
+}
+
+// lingerOf maps --linger to relay.Config, where zero means the default.
+func lingerOf(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // newAdminServer binds the admin server: dashboard, /metrics, /readyz.
