@@ -237,8 +237,11 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 	full := false
 	for rows.Next() {
 		if p.events == nil {
-			// Allocated on the first row: idle polls find none.
-			p.events = make([]outbox.Event, 0, min(r.maxDocs, 4096))
+			// Allocated on the first row (idle polls find none), and small:
+			// at a low rate pages hold a few events, and zeroing a page's
+			// worth of Event structs for each cost more than the rest of
+			// the read. append grows it for a backlog.
+			p.events = make([]outbox.Event, 0, min(r.maxDocs, 64))
 		}
 		p.events = append(p.events, outbox.Event{})
 		e := &p.events[len(p.events)-1]
