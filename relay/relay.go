@@ -25,7 +25,7 @@ type Config struct {
 	Streams []Stream
 
 	MaxBatchDocs  int // events per page handed to the sink; default 8000
-	MaxBatchBytes int // approximate bytes per page; default 8 MiB
+	MaxBatchBytes int // approximate bytes per page; default 4 MiB
 	Prefetch      int // pages read ahead of the sink; default 2
 	InFlight      int // pages at the sink at once, acknowledged in order; default 3
 
@@ -79,7 +79,7 @@ func (c *Config) setDefaults() {
 		c.Streams, _ = Partitions("default", 1)
 	}
 	defInt(&c.MaxBatchDocs, 8000)
-	defInt(&c.MaxBatchBytes, 8<<20)
+	defInt(&c.MaxBatchBytes, 4<<20)
 	defInt(&c.Prefetch, 2)
 	defInt(&c.InFlight, 3)
 	defInt(&c.MaxAttempts, 10)

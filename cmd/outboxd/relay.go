@@ -48,6 +48,7 @@ type relayFlags struct {
 	minPoll, maxPoll        time.Duration
 	linger                  time.Duration
 	lingerDocs              int
+	memoryLimit             string
 	lease, shutdown         time.Duration
 	storeInterval           time.Duration
 	adminAddr, adminToken   string
@@ -99,6 +100,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	limit, err := relayMemoryLimit(f.memoryLimit, f, len(r.Streams()))
+	if err != nil {
+		return err
+	}
+	applyMemoryLimit(limit, log)
 
 	jobPool, err := newJobPool(ctx, pool)
 	if err != nil {
@@ -156,7 +162,8 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
 	fs.BoolVar(&f.upgrade, "upgrade-layouts", true, "at start, upgrade the indexes of earlier releases (those in --indexes, or every one outboxd manages) to the current alias layout, in the background")
 	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
-	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
+	fs.StringVar(&f.memoryLimit, "memory-limit", "auto", "soft memory limit of the process (the Go runtime's GOMEMLIMIT, which wins when set): a size such as 512MiB, off, or auto: 32 MiB + per stream (prefetch + 2 x in-flight + 1) x batch-bytes")
+	fs.IntVar(&f.batchBytes, "batch-bytes", 4<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
 	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (memory: see --batch-bytes)")
 	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: see --batch-bytes)")
 	fs.IntVar(&f.bulkDocs, "bulk-docs", 1000, "documents per Elasticsearch bulk request")
@@ -191,6 +198,9 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
 	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
 	if err := parseFlags(fs, args); err != nil {
+		return nil, nil, f, err
+	}
+	if _, err := relayMemoryLimit(f.memoryLimit, f, 1); err != nil {
 		return nil, nil, f, err
 	}
 	if f.linger < 0 {
