@@ -22,16 +22,17 @@ import (
 // Options configure a Sink.
 type Options struct {
 	Client        *elasticsearch.Client
-	MaxBatchDocs  int    // per bulk request, default 1000
-	MaxBatchBytes int    // per bulk request, default 5 MiB
-	Workers       int    // bulk requests in flight, default 4
-	IndexSpec     []byte // optional {"settings":...,"mappings":...} for Bootstrap
+	MaxBatchDocs  int                   // per bulk request, default 1000
+	MaxBatchBytes int                   // per bulk request, default 5 MiB
+	Workers       int                   // bulk requests in flight, default 4
+	IndexSpec     []byte                // optional {"settings":...,"mappings":...} for Bootstrap
+	Registerer    prometheus.Registerer // optional; outboxd_bulk_request_seconds{result}
+	Logger        *slog.Logger
+
 	// JSONB says every document is PostgreSQL jsonb text, as the relay
 	// reads them from the outbox: valid JSON on one line, which the sink
 	// then does not parse again (it still checks for an object).
-	JSONB      bool
-	Registerer prometheus.Registerer // optional; outboxd_bulk_request_seconds{result}
-	Logger     *slog.Logger
+	JSONB bool
 }
 
 // Sink writes relay events to Elasticsearch. It implements relay.Sink.
