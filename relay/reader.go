@@ -106,6 +106,20 @@ type reader struct {
 	maxDocs  int
 	maxBytes int
 	pos      position
+	avgSize  int // bytes per event of the last page read; 0 before the first
+}
+
+// limit is the page query's LIMIT: maxDocs, or fewer when the events seen
+// so far say maxBytes is reached sooner. The server sends every row up to
+// the LIMIT, and rows past a byte-capped page's end are read only to be
+// thrown away: with 10 kB documents that was most of what a backlog drain
+// moved over the wire.
+func (r *reader) limit() int {
+	if r.avgSize <= 0 {
+		return r.maxDocs
+	}
+	// A quarter of slack so that most pages still end by bytes.
+	return max(1, min(r.maxDocs, r.maxBytes/r.avgSize*5/4+1))
 }
 
 const eventColumns = `id, xid, index_name, source_id, version, op, document, coalesce(event_type, ''), headers, occurred_at, created_at`
@@ -140,7 +154,7 @@ func (r *reader) filter(next int) (string, []any) {
 // the batch snapshot.
 func (r *reader) pageSQL(batch *Snapshot) (string, []any) {
 	f, fargs := r.filter(6)
-	args := append([]any{r.pos.done.Xip, r.pos.cursorXID, r.pos.cursorID, r.maxDocs, r.pos.done.Xmax}, fargs...)
+	args := append([]any{r.pos.done.Xip, r.pos.cursorXID, r.pos.cursorID, r.limit(), r.pos.done.Xmax}, fargs...)
 	upper := "pg_current_snapshot()"
 	if batch != nil {
 		args = append(args, batch.String())
@@ -235,6 +249,7 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 	defer rows.Close()
 	var p page
 	full := false
+	limit := r.limit()
 	for rows.Next() {
 		if p.events == nil {
 			// Allocated on the first row (idle polls find none), and small:
@@ -250,7 +265,7 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 			return page{}, fmt.Errorf("relay: read events: %w", err)
 		}
 		p.bytes += e.Size()
-		if len(p.events) >= r.maxDocs || p.bytes >= r.maxBytes {
+		if len(p.events) >= limit || p.bytes >= r.maxBytes {
 			// A byte-capped page stops early; the cursor marks where.
 			full = true
 			break
@@ -261,6 +276,7 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
 	if n := len(p.events); n > 0 {
+		r.avgSize = max(1, p.bytes/n)
 		r.pos.cursorXID, r.pos.cursorID = p.events[n-1].XID, p.events[n-1].ID
 	}
 	if !full {
