@@ -34,6 +34,8 @@ type streamWriter struct {
 	// cluster keeps from being cleaned up).
 	pendingAcked int
 	pendingDead  []deadLetter
+
+	lingerRate float64 // events per second seen by the last linger; the read loop's own
 }
 
 func (w *streamWriter) run(ctx context.Context) error {
@@ -416,18 +418,30 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 // LingerDocs events or fills up, and does not start on a full page: a
 // backlog is never held back. On shutdown it returns what it has; the
 // events are not acknowledged unless the sink gets them.
+//
+// It reads again when the rate seen in earlier lingers says LingerDocs
+// should be there, not at every poll interval: each read is a query.
 func (w *streamWriter) linger(ctx context.Context, rd *reader, p page) page {
 	cfg := w.r.cfg
 	if cfg.Linger <= 0 || p.pos.batch != nil || len(p.events) >= cfg.LingerDocs {
 		return p
 	}
-	deadline := time.Now().Add(cfg.Linger)
-	step := max(cfg.MinPollInterval, cfg.Linger/lingerPolls)
+	start := time.Now()
+	deadline := start.Add(cfg.Linger)
+	first := len(p.events)
 	maxDocs, maxBytes := rd.maxDocs, rd.maxBytes
 	defer func() { rd.maxDocs, rd.maxBytes = maxDocs, maxBytes }()
+	rate := w.lingerRate // events per second; 0 when unknown
 	for len(p.events) < cfg.LingerDocs && p.pos.batch == nil {
 		left := time.Until(deadline)
-		if left <= 0 || !sleep(ctx, min(step, left)) {
+		if left <= 0 {
+			break
+		}
+		wait := cfg.Linger / lingerPolls
+		if rate > 0 {
+			wait = time.Duration(float64(cfg.LingerDocs-len(p.events)) / rate * float64(time.Second))
+		}
+		if !sleep(ctx, min(max(wait, cfg.MinPollInterval), left)) {
 			break
 		}
 		// The page as a whole stays within the page limits.
@@ -442,12 +456,16 @@ func (w *streamWriter) linger(ctx context.Context, rd *reader, p page) page {
 		p.events = append(p.events, q.events...)
 		p.bytes += q.bytes
 		p.pos = q.pos
+		if n := len(p.events) - first; n > 0 {
+			rate = float64(n) / time.Since(start).Seconds()
+		}
 	}
+	w.lingerRate = rate
 	return p
 }
 
-// lingerPolls is how many times a linger reads the outbox at most: often
-// enough to see LingerDocs arrive, rarely enough to cost little.
+// lingerPolls is how many times a linger reads the outbox at most while
+// the rate is unknown.
 const lingerPolls = 12
 
 // backoff is exponential with "equal jitter": half fixed, half random, so
