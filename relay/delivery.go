@@ -34,6 +34,8 @@ type streamWriter struct {
 	// cluster keeps from being cleaned up).
 	pendingAcked int
 	pendingDead  []deadLetter
+
+	lingerRate float64 // events per second seen by the last linger; the read loop's own
 }
 
 func (w *streamWriter) run(ctx context.Context) error {
@@ -58,8 +60,12 @@ func (w *streamWriter) run(ctx context.Context) error {
 
 	balance := time.NewTicker(cfg.LeaseInterval)
 	defer balance.Stop()
-	flushTick := time.NewTicker(cfg.StoreInterval)
-	defer flushTick.Stop()
+	// Armed only while handled events wait to be stored: an idle stream
+	// has nothing to flush and should not wake up to find that out.
+	flushTimer := time.NewTimer(cfg.StoreInterval)
+	flushTimer.Stop()
+	defer flushTimer.Stop()
+	flushArmed := false
 	beat := time.NewTicker(cfg.heartbeatInterval())
 	defer beat.Stop()
 
@@ -85,16 +91,24 @@ func (w *streamWriter) run(ctx context.Context) error {
 			in = pages
 		}
 		m.pagesInFlight.WithLabelValues(name).Set(float64(len(queue)))
+		if w.pendingAcked > 0 && !flushArmed {
+			flushTimer.Reset(max(cfg.StoreInterval-time.Since(w.stored), 0))
+			flushArmed = true
+		}
 		select {
 		case <-ctx.Done():
 			return w.drain(context.WithoutCancel(ctx), queue)
-		case <-flushTick.C:
+		case <-flushTimer.C:
+			flushArmed = false
 			if w.pendingAcked > 0 {
 				if err := w.flush(wctx); err != nil {
 					return err
 				}
 			}
 		case <-beat.C:
+			if time.Since(w.stored) < cfg.heartbeatInterval() {
+				continue // a store on the session just showed it alive
+			}
 			if err := w.heartbeat(ctx); err != nil {
 				return err
 			}
@@ -343,6 +357,7 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	var wait time.Duration
 	failures := 0
 	last := rd.pos
+	drained := false // the last page was full: a backlog is being read
 	for {
 		p, err := rd.next(ctx)
 		var fatal *PositionError
@@ -383,6 +398,10 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 			continue
 		}
 		wait = 0
+		if !drained {
+			p = w.linger(ctx, rd, p)
+		}
+		drained = p.pos.batch != nil
 		last = p.pos
 		select {
 		case out <- p:
@@ -391,6 +410,63 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 		}
 	}
 }
+
+// linger holds back a page that arrived at a low rate, up to Linger from
+// its reading, reading what commits meanwhile into it, so that the sink
+// gets fewer, larger writes (a bulk request costs Elasticsearch about as
+// much for one document as for dozens). It stops as soon as the page holds
+// LingerDocs events or fills up, and does not start on a full page: a
+// backlog is never held back. On shutdown it returns what it has; the
+// events are not acknowledged unless the sink gets them.
+//
+// It reads again when the rate seen in earlier lingers says LingerDocs
+// should be there, not at every poll interval: each read is a query.
+func (w *streamWriter) linger(ctx context.Context, rd *reader, p page) page {
+	cfg := w.r.cfg
+	if cfg.Linger <= 0 || p.pos.batch != nil || len(p.events) >= cfg.LingerDocs {
+		return p
+	}
+	start := time.Now()
+	deadline := start.Add(cfg.Linger)
+	first := len(p.events)
+	maxDocs, maxBytes := rd.maxDocs, rd.maxBytes
+	defer func() { rd.maxDocs, rd.maxBytes = maxDocs, maxBytes }()
+	rate := w.lingerRate // events per second; 0 when unknown
+	for len(p.events) < cfg.LingerDocs && p.pos.batch == nil {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		wait := cfg.Linger / lingerPolls
+		if rate > 0 {
+			wait = time.Duration(float64(cfg.LingerDocs-len(p.events)) / rate * float64(time.Second))
+		}
+		if !sleep(ctx, min(max(wait, cfg.MinPollInterval), left)) {
+			break
+		}
+		// The page as a whole stays within the page limits.
+		rd.maxDocs, rd.maxBytes = maxDocs-len(p.events), maxBytes-p.bytes
+		if rd.maxDocs <= 0 || rd.maxBytes <= 0 {
+			break
+		}
+		q, err := rd.next(ctx)
+		if err != nil {
+			break // the read loop meets it again on its next read
+		}
+		p.events = append(p.events, q.events...)
+		p.bytes += q.bytes
+		p.pos = q.pos
+		if n := len(p.events) - first; n > 0 {
+			rate = float64(n) / time.Since(start).Seconds()
+		}
+	}
+	w.lingerRate = rate
+	return p
+}
+
+// lingerPolls is how many times a linger reads the outbox at most while
+// the rate is unknown.
+const lingerPolls = 12
 
 // backoff is exponential with "equal jitter": half fixed, half random, so
 // retries spread out without collapsing to near zero.

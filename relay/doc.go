@@ -42,6 +42,13 @@
 // be idempotent. A failure to store progress stops the stream with a
 // *ProgressError; it is never swallowed.
 //
+// A page read at a low rate lingers (Config.Linger, from its reading) to
+// gather what commits meanwhile, and goes as soon as it holds
+// Config.LingerDocs events: the sink gets fewer, larger writes for at most
+// Linger of added latency. A full page, and the page after it, never
+// linger: a backlog is not held back. A lingering page is not yet
+// acknowledged, so a shutdown or crash during the linger re-delivers it.
+//
 // Pages are acknowledged in order, but up to Config.InFlight of them are at
 // the sink at once, so a sink must not rely on order (with InFlight 1,
 // events of one source_id reach it in commit order). Retries, replays and

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ProgressError means the relay could not persist its acknowledgement
@@ -114,7 +115,21 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 // storeProgress persists pos and parks dead letters in one transaction on
 // the leader's own connection: if that session (and so its advisory lock)
 // is gone, the write fails and the relay stops instead of advancing.
+// Without dead letters the UPDATE is its own transaction: one round trip.
 func storeProgress(ctx context.Context, conn *pgx.Conn, schema, schemaName, stream string, pos position, acked int, dead []deadLetter) error {
+	var batch any
+	var cx, cid any
+	if pos.batch != nil {
+		batch, cx, cid = pos.batch.String(), pos.cursorXID, pos.cursorID
+	}
+	sql := `UPDATE ` + schema + `.progress
+		SET done_snapshot = $2::pg_snapshot, batch_snapshot = $3::pg_snapshot, cursor_xid = $4, cursor_id = $5,
+		    acked_events = acked_events + $6, updated_at = now()
+		WHERE stream = $1`
+	args := []any{stream, pos.done.String(), batch, cx, cid, acked}
+	if len(dead) == 0 {
+		return updateProgress(ctx, conn, stream, sql, args)
+	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return &ProgressError{Stream: stream, Err: err}
@@ -123,23 +138,24 @@ func storeProgress(ctx context.Context, conn *pgx.Conn, schema, schemaName, stre
 	if err := parkDeadLetters(ctx, tx, schemaName, stream, dead); err != nil {
 		return &ProgressError{Stream: stream, Err: err}
 	}
-	var batch any
-	var cx, cid any
-	if pos.batch != nil {
-		batch, cx, cid = pos.batch.String(), pos.cursorXID, pos.cursorID
+	if err := updateProgress(ctx, tx, stream, sql, args); err != nil {
+		return err
 	}
-	tag, err := tx.Exec(ctx, `UPDATE `+schema+`.progress
-		SET done_snapshot = $2::pg_snapshot, batch_snapshot = $3::pg_snapshot, cursor_xid = $4, cursor_id = $5,
-		    acked_events = acked_events + $6, updated_at = now()
-		WHERE stream = $1`, stream, pos.done.String(), batch, cx, cid, acked)
+	if err := tx.Commit(ctx); err != nil {
+		return &ProgressError{Stream: stream, Err: err}
+	}
+	return nil
+}
+
+func updateProgress(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, stream, sql string, args []any) error {
+	tag, err := db.Exec(ctx, sql, args...)
 	if err != nil {
 		return &ProgressError{Stream: stream, Err: err}
 	}
 	if tag.RowsAffected() != 1 {
 		return &ProgressError{Stream: stream, Err: errors.New("progress row is missing")}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return &ProgressError{Stream: stream, Err: err}
 	}
 	return nil
 }

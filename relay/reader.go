@@ -106,6 +106,20 @@ type reader struct {
 	maxDocs  int
 	maxBytes int
 	pos      position
+	avgSize  int // bytes per event of the last page read; 0 before the first
+}
+
+// limit is the page query's LIMIT: maxDocs, or fewer when the events seen
+// so far say maxBytes is reached sooner. The server sends every row up to
+// the LIMIT, and rows past a byte-capped page's end are read only to be
+// thrown away: with 10 kB documents that was most of what a backlog drain
+// moved over the wire.
+func (r *reader) limit() int {
+	if r.avgSize <= 0 {
+		return r.maxDocs
+	}
+	// A quarter of slack so that most pages still end by bytes.
+	return max(1, min(r.maxDocs, r.maxBytes/r.avgSize*5/4+1))
 }
 
 const eventColumns = `id, xid, index_name, source_id, version, op, document, coalesce(event_type, ''), headers, occurred_at, created_at`
@@ -140,7 +154,7 @@ func (r *reader) filter(next int) (string, []any) {
 // the batch snapshot.
 func (r *reader) pageSQL(batch *Snapshot) (string, []any) {
 	f, fargs := r.filter(6)
-	args := append([]any{r.pos.done.Xip, r.pos.cursorXID, r.pos.cursorID, r.maxDocs, r.pos.done.Xmax}, fargs...)
+	args := append([]any{r.pos.done.Xip, r.pos.cursorXID, r.pos.cursorID, r.limit(), r.pos.done.Xmax}, fargs...)
 	upper := "pg_current_snapshot()"
 	if batch != nil {
 		args = append(args, batch.String())
@@ -174,15 +188,32 @@ func (r *reader) next(ctx context.Context) (page, error) {
 }
 
 // nextBatch takes a new snapshot and reads the first page under it, in one
-// repeatable-read transaction so the page and the snapshot agree.
+// repeatable-read transaction so the page and the snapshot agree. The page
+// query depends only on done, not on the new snapshot (the statement's own
+// snapshot bounds the batch), so the whole transaction goes to the server
+// as one pipeline: an idle poll costs one round trip, not four.
 func (r *reader) nextBatch(ctx context.Context) (page, error) {
-	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
-	defer tx.Rollback(ctx)
+	// A pipeline cut short by an error leaves its transaction open; the
+	// pool closes such a connection on release rather than reuse it.
+	defer conn.Release()
+	r.pos.cursorXID, r.pos.cursorID = 0, 0
+	sql, args := r.pageSQL(nil)
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	b.Queue(`SELECT pg_current_snapshot()::text`)
+	b.Queue(sql, args...)
+	b.Queue(`COMMIT`)
+	br := conn.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
 	var text string
-	if err := tx.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
+	if err := br.QueryRow().Scan(&text); err != nil {
 		return page{}, fmt.Errorf("relay: take snapshot: %w", err)
 	}
 	snap, err := ParseSnapshot(text)
@@ -196,27 +227,36 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 			"the database's transaction counter (%d) is behind the stored position (%d): was it restored or replaced? Reset the stream's progress deliberately", snap.Xmax, r.pos.done.Xmax)}
 	}
 	if snap.Xmax == r.pos.done.Xmax && len(finishedSince(r.pos.done, snap)) == 0 {
-		// Nothing has committed since done: skip the events query.
+		// Nothing has committed since done: the page read is empty.
 		return page{pos: r.pos}, nil
 	}
-	r.pos.batch = &snap
-	r.pos.cursorXID, r.pos.cursorID = 0, 0
-	sql, args := r.pageSQL(nil)
-	rows, err := tx.Query(ctx, sql, args...)
+	rows, err := br.Query()
 	if err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
-	return r.collect(rows)
+	r.pos.batch = &snap
+	p, err := r.collect(rows)
+	if err != nil {
+		return page{}, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	return p, nil
 }
 
 func (r *reader) collect(rows pgx.Rows) (page, error) {
 	defer rows.Close()
 	var p page
 	full := false
+	limit := r.limit()
 	for rows.Next() {
 		if p.events == nil {
-			// Allocated on the first row: idle polls find none.
-			p.events = make([]outbox.Event, 0, min(r.maxDocs, 4096))
+			// Allocated on the first row (idle polls find none), and small:
+			// at a low rate pages hold a few events, and zeroing a page's
+			// worth of Event structs for each cost more than the rest of
+			// the read. append grows it for a backlog.
+			p.events = make([]outbox.Event, 0, min(r.maxDocs, 64))
 		}
 		p.events = append(p.events, outbox.Event{})
 		e := &p.events[len(p.events)-1]
@@ -225,7 +265,7 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 			return page{}, fmt.Errorf("relay: read events: %w", err)
 		}
 		p.bytes += e.Size()
-		if len(p.events) >= r.maxDocs || p.bytes >= r.maxBytes {
+		if len(p.events) >= limit || p.bytes >= r.maxBytes {
 			// A byte-capped page stops early; the cursor marks where.
 			full = true
 			break
@@ -236,6 +276,7 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
 	if n := len(p.events); n > 0 {
+		r.avgSize = max(1, p.bytes/n)
 		r.pos.cursorXID, r.pos.cursorID = p.events[n-1].XID, p.events[n-1].ID
 	}
 	if !full {

@@ -25,12 +25,21 @@ type Config struct {
 	Streams []Stream
 
 	MaxBatchDocs  int // events per page handed to the sink; default 8000
-	MaxBatchBytes int // approximate bytes per page; default 8 MiB
+	MaxBatchBytes int // approximate bytes per page; default 4 MiB
 	Prefetch      int // pages read ahead of the sink; default 2
 	InFlight      int // pages at the sink at once, acknowledged in order; default 3
 
 	MinPollInterval time.Duration // first wait after an empty poll; default 2ms
 	MaxPollInterval time.Duration // longest idle wait; default 100ms
+
+	// Linger is how long a page that arrived at a low rate may wait,
+	// from its reading, for more events before it goes to the sink;
+	// LingerDocs is the size at which it stops waiting. Both bound what a
+	// low rate costs the sink (fewer, larger writes) against latency. A
+	// full page (a backlog) never waits. Defaults 60ms and 30 events;
+	// a negative Linger turns it off.
+	Linger     time.Duration
+	LingerDocs int
 
 	MaxAttempts int           // transient attempts per event before dead-lettering; default 10
 	BackoffBase time.Duration // default 100ms
@@ -70,10 +79,14 @@ func (c *Config) setDefaults() {
 		c.Streams, _ = Partitions("default", 1)
 	}
 	defInt(&c.MaxBatchDocs, 8000)
-	defInt(&c.MaxBatchBytes, 8<<20)
+	defInt(&c.MaxBatchBytes, 4<<20)
 	defInt(&c.Prefetch, 2)
 	defInt(&c.InFlight, 3)
 	defInt(&c.MaxAttempts, 10)
+	if c.Linger == 0 {
+		c.Linger = 60 * time.Millisecond
+	}
+	defInt(&c.LingerDocs, 30)
 	def(&c.MinPollInterval, 2*time.Millisecond)
 	def(&c.MaxPollInterval, 100*time.Millisecond)
 	def(&c.BackoffBase, 100*time.Millisecond)
@@ -327,6 +340,11 @@ func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s 
 // fair share, so a newly started relay gets work. The stream with the
 // greatest name goes, so every process agrees on which.
 func (r *Relay) yieldExtra(ctx context.Context, member *membership, stream string) bool {
+	if r.leadingCount() <= 1 {
+		// A fair share is never below one stream: no need to count the
+		// relays (a query on pg_locks every lease interval) to know that.
+		return false
+	}
 	share := r.fairShare(ctx, member)
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -205,3 +205,29 @@ func TestFlagPrecedence(t *testing.T) {
 		}
 	})
 }
+
+func TestRelayLingerFlag(t *testing.T) {
+	// Not parallel: it sets the environment.
+	linger := func(t *testing.T, args ...string) time.Duration {
+		t.Helper()
+		_, _, f, err := parseRelayFlags(args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lingerOf(f.linger)
+	}
+	if got := linger(t); got != 60*time.Millisecond {
+		t.Errorf("default linger %v, want 60ms", got)
+	}
+	t.Setenv("OUTBOXD_LINGER", "250ms")
+	if got := linger(t); got != 250*time.Millisecond {
+		t.Errorf("OUTBOXD_LINGER=250ms gave %v", got)
+	}
+	// relay.Config takes zero for its default: 0 must turn it off.
+	if got := linger(t, "--linger", "0"); got >= 0 {
+		t.Errorf("--linger 0 gave %v, want the linger off (negative)", got)
+	}
+	if _, _, _, err := parseRelayFlags([]string{"--linger", "-1s"}); err == nil {
+		t.Error("--linger -1s accepted")
+	}
+}

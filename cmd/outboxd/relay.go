@@ -46,6 +46,9 @@ type relayFlags struct {
 	maxAttempts             int
 	backoffBase, backoffMax time.Duration
 	minPoll, maxPoll        time.Duration
+	linger                  time.Duration
+	lingerDocs              int
+	memoryLimit             string
 	lease, shutdown         time.Duration
 	storeInterval           time.Duration
 	adminAddr, adminToken   string
@@ -97,6 +100,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	limit, err := relayMemoryLimit(f.memoryLimit, f, len(r.Streams()))
+	if err != nil {
+		return err
+	}
+	applyMemoryLimit(limit, log)
 
 	jobPool, err := newJobPool(ctx, pool)
 	if err != nil {
@@ -154,7 +162,8 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
 	fs.BoolVar(&f.upgrade, "upgrade-layouts", true, "at start, upgrade the indexes of earlier releases (those in --indexes, or every one outboxd manages) to the current alias layout, in the background")
 	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
-	fs.IntVar(&f.batchBytes, "batch-bytes", 8<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
+	fs.StringVar(&f.memoryLimit, "memory-limit", "auto", "soft memory limit of the process (the Go runtime's GOMEMLIMIT, which wins when set): a size such as 512MiB, off, or auto: 32 MiB + per stream (prefetch + 2 x in-flight + 1) x batch-bytes")
+	fs.IntVar(&f.batchBytes, "batch-bytes", 4<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
 	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (memory: see --batch-bytes)")
 	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: see --batch-bytes)")
 	fs.IntVar(&f.bulkDocs, "bulk-docs", 1000, "documents per Elasticsearch bulk request")
@@ -166,6 +175,8 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "longest retry delay")
 	fs.DurationVar(&f.minPoll, "min-poll", 2*time.Millisecond, "first wait after an empty poll")
 	fs.DurationVar(&f.maxPoll, "max-poll", 100*time.Millisecond, "longest wait between polls when idle")
+	fs.DurationVar(&f.linger, "linger", 60*time.Millisecond, "how long a page read at a low rate may wait for more events before it goes to Elasticsearch, so a trickle makes fewer, larger bulk requests; a backlog never waits; 0 disables")
+	fs.IntVar(&f.lingerDocs, "linger-docs", 30, "a lingering page goes at once when it holds this many events")
 	fs.BoolVar(&f.wakeup, "wakeup", false, "also wake on NOTIFY from the outbox (enable with SELECT <schema>.enable_wakeup()); adds a NOTIFY per writing transaction")
 	fs.DurationVar(&f.storeInterval, "store-interval", 100*time.Millisecond, "how often progress is stored while events flow (a crash re-delivers at most this much)")
 	fs.DurationVar(&f.lease, "lease-interval", time.Second, "how often a standby tries to take over a stream")
@@ -188,6 +199,12 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, nil, f, err
+	}
+	if _, err := relayMemoryLimit(f.memoryLimit, f, 1); err != nil {
+		return nil, nil, f, err
+	}
+	if f.linger < 0 {
+		return nil, nil, f, fmt.Errorf("linger: must be >= 0, got %v", f.linger)
 	}
 	if f.jobTimeout <= 0 {
 		return nil, nil, f, fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
@@ -233,7 +250,7 @@ func connectElasticsearch(ctx context.Context, es *esFlags, f relayFlags) (index
 func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client *elasticsearch.Client, spec []byte, f relayFlags, reg *prometheus.Registry, log *slog.Logger) (*relay.Relay, error) {
 	sink, err := indexer.NewSink(indexer.Options{
 		Client: client, MaxBatchDocs: f.bulkDocs, MaxBatchBytes: f.bulkBytes, Workers: f.bulkWorkers,
-		IndexSpec: spec, Registerer: reg, Logger: log,
+		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log,
 	})
 	if err != nil {
 		return nil, err
@@ -259,11 +276,19 @@ func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client
 	return relay.New(relay.Config{
 		Pool: pool, Schema: schemaName, Sink: sink, Streams: append(streams, hooks...),
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
-		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll,
+		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll, Linger: lingerOf(f.linger), LingerDocs: f.lingerDocs,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
 		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup, StoreInterval: f.storeInterval,
 		Registerer: reg, Logger: log,
 	})
+}
+
+// lingerOf maps --linger to relay.Config, where zero means the default.
+func lingerOf(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // newAdminServer binds the admin server: dashboard, /metrics, /readyz.

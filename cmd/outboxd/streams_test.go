@@ -60,7 +60,13 @@ func TestStreamsAbandonedAfterPartitionsChange(t *testing.T) {
 		e.append(t, "items", "a"+strconv.Itoa(i), `{}`)
 	}
 	stop := e.runRelay(t) // one stream, "default"
-	schematest.Eventually(t, 20*time.Second, "the first events are delivered", func() bool { return e.backlog(t) == 0 })
+	// Acknowledged, not merely no backlog: before the relay registers its
+	// stream there is no progress row, and so no backlog, at all.
+	schematest.Eventually(t, 20*time.Second, "the first events are delivered", func() bool {
+		var acked int64
+		_ = e.pool.QueryRow(ctx, `SELECT coalesce(sum(acked_events), 0) FROM "`+e.schema+`".progress WHERE stream = 'default'`).Scan(&acked)
+		return acked == 10 && e.backlog(t) == 0
+	})
 	stop()
 
 	// The operator moves to two partitions: "default" is left behind.

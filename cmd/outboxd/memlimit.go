@@ -1,0 +1,69 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+)
+
+// memoryBase is what a relay process needs besides its pages: the runtime,
+// connection buffers, metrics, the admin server.
+const memoryBase = 32 << 20
+
+// relayMemoryLimit is the soft memory limit (GOMEMLIMIT) outboxd relay sets
+// unless the environment sets one: without it the Go heap grows to twice
+// what is live before collecting, so the pages a relay holds by design
+// would cost twice their size in RSS. "auto" derives it from that design
+// bound: per stream, pages read ahead, at the sink and their bulk bodies
+// ((prefetch + 2 x in-flight + 1) x batch-bytes). It is soft: a process that
+// needs more (one giant document) gets it, at the price of more frequent
+// collection.
+func relayMemoryLimit(spec string, f relayFlags, streams int) (int64, error) {
+	switch strings.ToLower(strings.TrimSpace(spec)) {
+	case "auto":
+		return memoryBase + int64(streams)*int64(f.prefetch+2*f.inFlight+1)*int64(f.batchBytes), nil
+	case "off", "0":
+		return 0, nil
+	}
+	n, err := parseBytes(spec)
+	if err != nil {
+		return 0, fmt.Errorf("memory-limit: %w", err)
+	}
+	return n, nil
+}
+
+// parseBytes reads a size such as 512MiB, 2GiB, 300MB or 1048576.
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("want auto, off, or a size such as 512MiB, got %q", s)
+	}
+	return n * mult, nil
+}
+
+// applyMemoryLimit sets the soft memory limit unless GOMEMLIMIT does.
+func applyMemoryLimit(limit int64, log *slog.Logger) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		log.Info("memory limit from GOMEMLIMIT", "bytes", debug.SetMemoryLimit(-1))
+		return
+	}
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+		log.Info("memory limit", "bytes", limit)
+	}
+}

@@ -1,0 +1,172 @@
+package relay_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/schema/schematest"
+)
+
+// timingSink notes the size of every write and when each event arrived.
+type timingSink struct {
+	mu     sync.Mutex
+	writes []int
+	at     map[int64]time.Time
+}
+
+func newTimingSink() *timingSink { return &timingSink{at: map[int64]time.Time{}} }
+
+func (s *timingSink) Write(_ context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.writes = append(s.writes, len(events))
+	outs := make([]outbox.Outcome, len(events))
+	for i, e := range events {
+		outs[i] = outbox.Outcome{Status: outbox.Applied}
+		if _, ok := s.at[e.ID]; !ok {
+			s.at[e.ID] = now
+		}
+	}
+	return outs, nil
+}
+
+func (s *timingSink) arrived(id int64) (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.at[id]
+	return t, ok
+}
+
+func (s *timingSink) count() (writes, events int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.writes), len(s.at)
+}
+
+// appendMany commits n events in one transaction, so that the relay finds
+// them all in one snapshot.
+func (e *env) appendMany(t *testing.T, n int) {
+	t.Helper()
+	_, err := e.pool.Exec(context.Background(), `SELECT "`+e.schema+`".append('items', 'm' || i, 1, 'upsert', jsonb_build_object('n', i))
+		FROM generate_series(1, $1) i`, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRelayLinger(t *testing.T) {
+	t.Parallel()
+
+	t.Run("at a low rate the sink gets fewer, larger writes, each event within the linger", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newTimingSink()
+		cfg := e.config(sink)
+		cfg.Linger = 300 * time.Millisecond
+		cfg.LingerDocs = 1000
+		start(t, cfg)
+		// One event every 20ms for 1.5s: without the linger, about one
+		// write per event.
+		committed := map[int64]time.Time{}
+		for range 75 {
+			ids := e.append(t, 1)
+			committed[ids[0]] = time.Now()
+			time.Sleep(20 * time.Millisecond)
+		}
+		schematest.Eventually(t, 20*time.Second, "every event delivered", func() bool {
+			_, n := sink.count()
+			return n == len(committed)
+		})
+		writes, _ := sink.count()
+		if writes > 15 {
+			t.Errorf("75 events at 50/s took %d writes; with a 300ms linger want at most 15", writes)
+		}
+		var worst time.Duration
+		for id, c := range committed {
+			a, _ := sink.arrived(id)
+			worst = max(worst, a.Sub(c))
+		}
+		// The linger, plus a poll interval and a loaded machine's margin.
+		if worst > cfg.Linger+500*time.Millisecond {
+			t.Errorf("an event took %v from commit to the sink; want within the 300ms linger and a margin", worst)
+		}
+		t.Logf("%d writes; slowest event %v", writes, worst.Round(time.Millisecond))
+	})
+
+	t.Run("a page that reaches LingerDocs goes at once", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newTimingSink()
+		cfg := e.config(sink)
+		cfg.Linger = time.Minute
+		cfg.LingerDocs = 50
+		start(t, cfg)
+		e.appendMany(t, 60)
+		schematest.Eventually(t, 10*time.Second, "60 events delivered well before the minute's linger", func() bool {
+			_, n := sink.count()
+			return n == 60
+		})
+	})
+
+	t.Run("a backlog is not held back", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		e.appendMany(t, 2500)
+		sink := newTimingSink()
+		cfg := e.config(sink)
+		cfg.MaxBatchDocs = 1000
+		cfg.Linger = time.Minute
+		cfg.LingerDocs = 1000
+		start(t, cfg)
+		// Two full pages, then the batch's last 500: read right after a
+		// full page, they are the end of a backlog, not a trickle.
+		schematest.Eventually(t, 20*time.Second, "the backlog delivered well before the minute's linger", func() bool {
+			_, n := sink.count()
+			return n == 2500
+		})
+	})
+
+	t.Run("shutdown during a linger is prompt and loses nothing", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newTimingSink()
+		cfg := e.config(sink)
+		cfg.Linger = time.Minute
+		cfg.LingerDocs = 1000
+		stop := start(t, cfg)
+		ids := e.append(t, 5)
+		time.Sleep(500 * time.Millisecond) // read, and lingering
+		if _, n := sink.count(); n != 0 {
+			t.Fatalf("%d events delivered during a minute's linger", n)
+		}
+		began := time.Now()
+		if err := stop(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		if took := time.Since(began); took > 2*time.Second {
+			t.Errorf("shutdown during a linger took %v", took)
+		}
+		if b := e.backlog(t); b != int64(len(ids)) {
+			t.Fatalf("backlog after shutdown = %d, want the %d lingering events unacknowledged", b, len(ids))
+		}
+		cfg.Linger = -1
+		cfg.Registerer = nil
+		start(t, cfg)
+		schematest.Eventually(t, 10*time.Second, "the lingering events delivered by the next relay", func() bool {
+			for _, id := range ids {
+				if _, ok := sink.arrived(id); !ok {
+					return false
+				}
+			}
+			return true
+		})
+		schematest.Eventually(t, 10*time.Second, "and acknowledged", func() bool { return e.backlog(t) == 0 })
+	})
+}
+
+var _ relay.Sink = (*timingSink)(nil)
