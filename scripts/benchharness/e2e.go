@@ -46,7 +46,7 @@ func (b *bench) e2eScenario(ctx context.Context) error {
 	if _, err := loadBacklog(ctx, b.pool, s, name, 1, int64(n), cfg.loadTx, cfg.loadWorkers); err != nil {
 		return err
 	}
-	sink, err := indexer.NewSink(indexer.Options{Client: b.es, MaxBatchDocs: cfg.bulkDocs, Workers: cfg.bulkWorkers})
+	sink, err := indexer.NewSink(indexer.Options{Client: b.es, MaxBatchDocs: cfg.bulkDocs, Workers: cfg.bulkWorkers, JSONB: true})
 	if err != nil {
 		return err
 	}
