@@ -32,7 +32,7 @@ type CopyReject struct {
 // document, or for a delete a tombstone stamped deletedAt. The reason is
 // non-empty, and the item unusable, for an event the sink would reject.
 func CopyItemOf(e outbox.Event, deletedAt string) (CopyItem, string) {
-	if reason := checkEvent(&e); reason != "" {
+	if reason := checkEvent(&e, false); reason != "" {
 		return CopyItem{}, reason
 	}
 	it := CopyItem{ID: e.SourceID, Version: e.Version}

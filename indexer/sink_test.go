@@ -360,9 +360,17 @@ func TestCheckEvent(t *testing.T) {
 		{upsert("x", "a", 1, ` {"a":1}`), ""},
 	}
 	for _, c := range cases {
-		got := checkEvent(&c.e)
+		got := checkEvent(&c.e, false)
 		if (c.want == "") != (got == "") || !strings.HasPrefix(got, c.want) {
 			t.Errorf("%+v: got %q, want %q", c.e, got, c.want)
+		}
+	}
+	// Documents PostgreSQL validated are not parsed again, but must still
+	// be objects.
+	for doc, want := range map[string]string{`{"a":1}`: "", ` {"a":1}`: "", `[]`: "document: must be a JSON object", ``: "document: must be a JSON object"} {
+		e := upsert("x", "a", 1, doc)
+		if got := checkEvent(&e, true); got != want {
+			t.Errorf("valid JSON %q: got %q, want %q", doc, got, want)
 		}
 	}
 }

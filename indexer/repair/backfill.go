@@ -23,7 +23,8 @@ type BackfillOptions struct {
 	Pool   *pgxpool.Pool
 	Schema string // the outbox schema, which holds the backfills table
 	// Sink is where the rows go, as events: an *indexer.Sink, or anything
-	// with its Write.
+	// with its Write. Documents read from a json or jsonb column go through
+	// its WriteValidJSON when it has one: PostgreSQL validated them.
 	Sink interface {
 		Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error)
 	}
@@ -101,8 +102,15 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 		return nil, fmt.Errorf("indexer: backfill: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := declareBackfillCursor(ctx, tx, o, st.after); err != nil {
+	jsonDocs, err := declareBackfillCursor(ctx, tx, o, st.after)
+	if err != nil {
 		return nil, err
+	}
+	write := o.Sink.Write
+	if v, ok := o.Sink.(interface {
+		WriteValidJSON(context.Context, []outbox.Event) ([]outbox.Outcome, error)
+	}); ok && jsonDocs {
+		write = v.WriteValidJSON
 	}
 	if o.Progress != nil {
 		o.Progress.SetTotal(estimateRows(ctx, tx, o.SourceSQL))
@@ -132,7 +140,7 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 				return
 			}
 			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
-			go func() { p.done <- sendBackfill(rctx, o, events) }()
+			go func() { p.done <- sendBackfill(rctx, o, write, events) }()
 			select {
 			case queue <- p:
 			case <-rctx.Done():
@@ -217,11 +225,11 @@ type batchResult struct {
 // MaxAttempts, after which it is reported with the rejected rows. Rows
 // with a bad id, version or document are rejected by the sink with the
 // reason, like events.
-func sendBackfill(ctx context.Context, o BackfillOptions, events []outbox.Event) batchResult {
+func sendBackfill(ctx context.Context, o BackfillOptions, write func(context.Context, []outbox.Event) ([]outbox.Outcome, error), events []outbox.Event) batchResult {
 	var r batchResult
 	outageSince := time.Time{}
 	for attempt, delay := 1, 100*time.Millisecond; len(events) > 0; attempt++ {
-		out, err := o.Sink.Write(ctx, events)
+		out, err := write(ctx, events)
 		var again []outbox.Event
 		if err == nil {
 			for i, oc := range out {

@@ -117,14 +117,14 @@ func TestBackfillKeyOrder(t *testing.T) {
 func explainCursor(t *testing.T, tx pgx.Tx, sourceSQL, after string) string {
 	t.Helper()
 	ctx := context.Background()
-	keyType, cols, err := backfillSourceShape(ctx, tx, sourceSQL)
+	shape, err := backfillSourceShape(ctx, tx, sourceSQL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tx.Exec(ctx, `SELECT set_config('outboxd.backfill_after', $1, true)`, after); err != nil {
 		t.Fatal(err)
 	}
-	q := strings.Replace(backfillCursorSQL(sourceSQL, keyType, cols, true), "DECLARE outboxd_backfill NO SCROLL CURSOR FOR", "EXPLAIN (FORMAT JSON)", 1)
+	q := strings.Replace(backfillCursorSQL(sourceSQL, shape.keyType, shape.cols, true), "DECLARE outboxd_backfill NO SCROLL CURSOR FOR", "EXPLAIN (FORMAT JSON)", 1)
 	var plan json.RawMessage
 	if err := tx.QueryRow(ctx, q).Scan(&plan); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -21,52 +22,62 @@ import (
 // condition: ordering by the id's text would sort the whole table before
 // the first row, and put 10 before 2. An id of a type without a btree
 // ordering (json, a record) is ordered by its text in byte order instead.
-func declareBackfillCursor(ctx context.Context, tx pgx.Tx, o BackfillOptions, after string) error {
+//
+// jsonDocs reports a document column of type json or jsonb, which
+// PostgreSQL has validated.
+func declareBackfillCursor(ctx context.Context, tx pgx.Tx, o BackfillOptions, after string) (jsonDocs bool, err error) {
 	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('outboxd.backfill_after', $2, true)`,
 		fmt.Sprint(o.SourceTimeout.Milliseconds()), after); err != nil {
-		return fmt.Errorf("indexer: backfill: %w", err)
+		return false, fmt.Errorf("indexer: backfill: %w", err)
 	}
-	keyType, cols, err := backfillSourceShape(ctx, tx, o.SourceSQL)
+	shape, err := backfillSourceShape(ctx, tx, o.SourceSQL)
 	if err != nil {
-		return err
+		return false, err
 	}
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("indexer: backfill: %w", err)
+		return false, fmt.Errorf("indexer: backfill: %w", err)
 	}
-	_, err = sp.Exec(ctx, backfillCursorSQL(o.SourceSQL, keyType, cols, after != ""))
+	_, err = sp.Exec(ctx, backfillCursorSQL(o.SourceSQL, shape.keyType, shape.cols, after != ""))
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42846") {
 		// undefined_function (no ordering operator) or cannot_coerce (no
 		// cast from text): order by the id's text.
 		if err := sp.Rollback(ctx); err != nil {
-			return fmt.Errorf("indexer: backfill: %w", err)
+			return false, fmt.Errorf("indexer: backfill: %w", err)
 		}
-		_, err = tx.Exec(ctx, backfillCursorSQL(o.SourceSQL, "", cols, after != ""))
+		_, err = tx.Exec(ctx, backfillCursorSQL(o.SourceSQL, "", shape.cols, after != ""))
 	} else if err == nil {
 		err = sp.Commit(ctx)
 	}
 	if err != nil {
-		return fmt.Errorf("indexer: backfill: source_sql: %w", err)
+		return false, fmt.Errorf("indexer: backfill: source_sql: %w", err)
 	}
-	return nil
+	return shape.docOID == pgtype.JSONOID || shape.docOID == pgtype.JSONBOID, nil
 }
 
-// backfillSourceShape describes SourceSQL without running it: the SQL
-// name of its id column's type, from the catalog (quoted as needed), and
-// its number of columns, 3 or 4.
-func backfillSourceShape(ctx context.Context, tx pgx.Tx, sql string) (keyType string, cols int, err error) {
+// sourceShape is what the columns of SourceSQL are.
+type sourceShape struct {
+	keyType string // the SQL name of the id's type, from the catalog (quoted as needed)
+	cols    int    // 3 or 4
+	docOID  uint32 // the document's type
+}
+
+// backfillSourceShape describes SourceSQL without running it.
+func backfillSourceShape(ctx context.Context, tx pgx.Tx, sql string) (sourceShape, error) {
 	sd, err := tx.Conn().PgConn().Prepare(ctx, "", sql, nil)
 	if err != nil {
-		return "", 0, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
 	}
-	if cols = len(sd.Fields); cols != 3 && cols != 4 {
-		return "", 0, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", cols)
+	sh := sourceShape{cols: len(sd.Fields)}
+	if sh.cols != 3 && sh.cols != 4 {
+		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", sh.cols)
 	}
-	if err := tx.QueryRow(ctx, `SELECT format_type($1, NULL)`, sd.Fields[0].DataTypeOID).Scan(&keyType); err != nil {
-		return "", 0, fmt.Errorf("indexer: backfill: %w", err)
+	sh.docOID = sd.Fields[2].DataTypeOID
+	if err := tx.QueryRow(ctx, `SELECT format_type($1, NULL)`, sd.Fields[0].DataTypeOID).Scan(&sh.keyType); err != nil {
+		return sourceShape{}, fmt.Errorf("indexer: backfill: %w", err)
 	}
-	return keyType, cols, nil
+	return sh, nil
 }
 
 // backfillCursorSQL is the cursor over sql (of cols columns) ordered by

@@ -45,6 +45,11 @@ type config struct {
 	bulkDocs    int
 	bulkWorkers int
 
+	backfillN        int
+	backfillBatch    int
+	backfillInFlight int
+	outboxd          string
+
 	profileDir string
 	childGOGC  string
 	keep       bool
@@ -54,7 +59,7 @@ func parseConfig(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e (comma-separated, or all).\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, backfill (comma-separated, or all).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envString(name, def), usage) }
@@ -62,7 +67,7 @@ func parseConfig(args []string) (*config, error) {
 	dur := func(p *time.Duration, name string, def time.Duration, usage string) {
 		fs.DurationVar(p, name, envDuration(name, def), usage)
 	}
-	str(&c.scenarios, "scenarios", "all", "scenarios to run: drain,wal,latency,rss,e2e or all")
+	str(&c.scenarios, "scenarios", "all", "scenarios to run: drain,wal,latency,rss,e2e,backfill or all")
 	num(&c.pageDocs, "page-docs", 2000, "relay page size (MaxBatchDocs) for the no-op drains")
 	num(&c.prefetch, "prefetch", 2, "relay Prefetch")
 	num(&c.loadTx, "load-tx", 1000, "events per transaction when loading a backlog")
@@ -81,8 +86,12 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.e2eN, "e2e-n", 100_000, "e2e: documents through outbox -> relay -> Elasticsearch and through the raw _bulk loader")
 	num(&c.e2eNaiveN, "e2e-naive-n", 3_000, "e2e: documents through the naive one-request-per-event sink")
 	num(&c.e2ePageDocs, "e2e-page-docs", 4000, "e2e: relay page size; bulk-docs x bulk-workers keeps every worker busy")
-	num(&c.bulkDocs, "bulk-docs", 1000, "e2e: documents per bulk request (sink and raw loader alike)")
-	num(&c.bulkWorkers, "bulk-workers", 4, "e2e: bulk requests in flight (sink and raw loader alike)")
+	num(&c.bulkDocs, "bulk-docs", 1000, "e2e, backfill: documents per bulk request (sink and loaders alike)")
+	num(&c.bulkWorkers, "bulk-workers", 4, "e2e, backfill: bulk requests in flight (sink and loaders alike)")
+	num(&c.backfillN, "backfill-n", 200_000, "backfill: rows of ~1 KB in the table (the recorded run: 1000000)")
+	num(&c.backfillBatch, "backfill-batch", 0, "backfill: outboxd backfill --batch (0: its default)")
+	num(&c.backfillInFlight, "backfill-in-flight", 0, "backfill: outboxd backfill --in-flight (0: its default)")
+	str(&c.outboxd, "outboxd", "", "backfill: the outboxd binary to run (default: outboxd next to this executable)")
 	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
 	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
 	fs.BoolVar(&c.keep, "keep", envBool("keep"), "keep schemas and indices (for inspection)")
@@ -94,14 +103,16 @@ func parseConfig(args []string) (*config, error) {
 	}
 	for name, v := range map[string]int{"drain-n": c.drainN, "naive-n": c.naiveN, "wal-n": c.walN, "wal-repeat": c.walRepeat,
 		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
-		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
+		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "backfill-n": c.backfillN, "page-docs": c.pageDocs, "prefetch": c.prefetch,
 		"load-tx": c.loadTx, "load-workers": c.loadWorkers} {
 		if v < 1 {
 			return nil, fmt.Errorf("%s: must be >= 1, got %d", name, v)
 		}
 	}
-	if c.peerN < 0 {
-		return nil, fmt.Errorf("peer-n: must be >= 0, got %d", c.peerN)
+	for name, v := range map[string]int{"peer-n": c.peerN, "backfill-batch": c.backfillBatch, "backfill-in-flight": c.backfillInFlight} {
+		if v < 0 {
+			return nil, fmt.Errorf("%s: must be >= 0, got %d", name, v)
+		}
 	}
 	if _, err := c.rss(); err != nil {
 		return nil, err
@@ -122,7 +133,7 @@ func (c *config) rss() ([]int, error) {
 }
 
 func (c *config) selected() (map[string]bool, error) {
-	all := []string{"drain", "wal", "latency", "rss", "e2e"}
+	all := []string{"drain", "wal", "latency", "rss", "e2e", "backfill"}
 	out := map[string]bool{}
 	for _, s := range strings.Split(c.scenarios, ",") {
 		s = strings.TrimSpace(s)
@@ -131,7 +142,7 @@ func (c *config) selected() (map[string]bool, error) {
 			for _, a := range all {
 				out[a] = true
 			}
-		case "drain", "wal", "latency", "rss", "e2e":
+		case "drain", "wal", "latency", "rss", "e2e", "backfill":
 			out[s] = true
 		default:
 			return nil, fmt.Errorf("scenarios: unknown scenario %q (want %s or all)", s, strings.Join(all, ","))
@@ -168,6 +179,7 @@ func run(ctx context.Context, args []string) error {
 		{"latency", b.latencyScenario},
 		{"rss", b.rssScenario},
 		{"e2e", b.e2eScenario},
+		{"backfill", b.backfillScenario},
 	}
 	var failed []string
 	for _, s := range steps {
