@@ -66,66 +66,93 @@ func (b *bench) backfillScenario(ctx context.Context) error {
 	b.rep.line("table of %d rows (~%d bytes per document) loaded, vacuumed and checkpointed in %s", n, len(articleDoc(nil, int64(n))), took.Round(time.Millisecond))
 	sourceSQL := `SELECT id, version, row_to_json(t) FROM ` + table + ` t`
 
-	// The backfill.
-	name := b.newIndexName()
-	if err := indexer.Bootstrap(ctx, b.es, name, nil); err != nil {
-		return err
-	}
-	res, err := b.runBackfill(ctx, bin, s, name, sourceSQL)
-	if err != nil {
-		return err
-	}
-	if res.Rows != int64(n) || res.Applied != int64(n) {
-		return fmt.Errorf("backfill: %d rows, %d applied; want %d", res.Rows, res.Applied, n)
-	}
-	if err := b.checkCount(ctx, indexer.ReadAlias(name), n); err != nil {
-		return err
-	}
-	bfRate := float64(n) / res.wall.Seconds()
-	b.rep.key("backfill: outboxd backfill (versioned, batch %s, bulk %d x %d): %d rows in %.2fs = %s (its own report %.2fs; child CPU %.1f µs/row; load avg %s)",
-		orDefaultArg(cfg.backfillBatch), cfg.bulkDocs, cfg.bulkWorkers, n, res.wall.Seconds(), rate(bfRate), res.Seconds, res.cpu.Seconds()*1e6/float64(n), loadAvg())
-	b.deleteIndices(ctx, name)
+	// Each round runs the three back to back; the best of each is kept:
+	// on a shared machine a slow run says more about the neighbours.
+	var bf, hand, raw time.Duration
+	var peakKB int64
+	for round := 1; round <= cfg.backfillRepeat; round++ {
+		res, err := b.backfillOnce(ctx, bin, s, sourceSQL, n)
+		if err != nil {
+			return err
+		}
+		b.rep.line("round %d: outboxd backfill (versioned, batch %s, in flight %s, bulk %d x %d): %d rows in %.2fs = %s (its own report %.2fs; child CPU %.1f µs/row; peak RSS %s; load avg %s)",
+			round, orDefaultArg(cfg.backfillBatch), orDefaultArg(cfg.backfillInFlight), cfg.bulkDocs, cfg.bulkWorkers, n, res.wall.Seconds(),
+			rate(float64(n)/res.wall.Seconds()), res.Seconds, res.cpu.Seconds()*1e6/float64(n), mb(res.peakKB), loadAvg())
+		bf, peakKB = best(bf, res.wall), max(peakKB, res.peakKB)
 
-	// The hand-written loader.
-	hand := b.newIndexName()
-	if err := indexer.Bootstrap(ctx, b.es, hand, nil); err != nil {
-		return err
-	}
-	handTook, err := handLoad(ctx, b.pool, b.es, indexer.FirstIndex(hand), `SELECT id::text, version, row_to_json(t) FROM `+table+` t`, cfg.bulkDocs, cfg.bulkWorkers)
-	if err != nil {
-		return err
-	}
-	if err := b.checkCount(ctx, hand, n); err != nil {
-		return err
-	}
-	handRate := float64(n) / handTook.Seconds()
-	b.rep.key("backfill: hand-written loader (plain SELECT with pgx, unversioned, bulk %d x %d): %d rows in %.2fs = %s (load avg %s)",
-		cfg.bulkDocs, cfg.bulkWorkers, n, handTook.Seconds(), rate(handRate), loadAvg())
-	b.deleteIndices(ctx, hand)
+		cpu0 := selfCPU()
+		took, err := b.loadInto(ctx, n, func(index string) (time.Duration, error) {
+			return handLoad(ctx, b.pool, b.es, index, `SELECT id::text, version, row_to_json(t) FROM `+table+` t`, cfg.bulkDocs, cfg.bulkWorkers)
+		})
+		if err != nil {
+			return fmt.Errorf("hand-written loader: %w", err)
+		}
+		cpu := selfCPU() - cpu0
+		b.rep.line("round %d: hand-written loader (plain SELECT with pgx, unversioned, bulk %d x %d): %d rows in %.2fs = %s (harness process CPU %.1f µs/row; load avg %s)",
+			round, cfg.bulkDocs, cfg.bulkWorkers, n, took.Seconds(), rate(float64(n)/took.Seconds()), cpu.Seconds()*1e6/float64(n), loadAvg())
+		hand = best(hand, took)
 
-	// The raw loader.
-	raw := b.newIndexName()
-	if err := indexer.Bootstrap(ctx, b.es, raw, nil); err != nil {
-		return err
+		took, err = b.loadInto(ctx, n, func(index string) (time.Duration, error) {
+			return rawLoader(ctx, b.es, index, n, cfg.bulkDocs, cfg.bulkWorkers, false, appendArticle)
+		})
+		if err != nil {
+			return fmt.Errorf("raw loader: %w", err)
+		}
+		b.rep.line("round %d: raw _bulk loader (the same documents built in memory, unversioned, bulk %d x %d): %d rows in %.2fs = %s (load avg %s)",
+			round, cfg.bulkDocs, cfg.bulkWorkers, n, took.Seconds(), rate(float64(n)/took.Seconds()), loadAvg())
+		raw = best(raw, took)
 	}
-	rawTook, err := rawLoader(ctx, b.es, indexer.FirstIndex(raw), n, cfg.bulkDocs, cfg.bulkWorkers, false, appendArticle)
-	if err != nil {
-		return err
-	}
-	if err := b.checkCount(ctx, raw, n); err != nil {
-		return err
-	}
-	rawRate := float64(n) / rawTook.Seconds()
-	b.rep.key("backfill: raw _bulk loader (the same documents built in memory, unversioned, bulk %d x %d): %d rows in %.2fs = %s (load avg %s)",
-		cfg.bulkDocs, cfg.bulkWorkers, n, rawTook.Seconds(), rate(rawRate), loadAvg())
-	b.deleteIndices(ctx, raw)
 	b.dropSchema(ctx, s)
 
-	b.rep.key("backfill: ratio backfill/raw = %.2f; backfill/hand-written = %.2f; peak RSS (VmHWM) %s", bfRate/rawRate, bfRate/handRate, mb(res.peakKB))
+	bfRate, handRate, rawRate := float64(n)/bf.Seconds(), float64(n)/hand.Seconds(), float64(n)/raw.Seconds()
+	b.rep.key("backfill of %d rows, best of %d: outboxd backfill %s; hand-written pgx loader %s; raw _bulk %s; peak RSS (VmHWM) %s",
+		n, cfg.backfillRepeat, rate(bfRate), rate(handRate), rate(rawRate), mb(peakKB))
+	b.rep.key("backfill: ratio backfill/raw = %.2f; backfill/hand-written = %.2f", bfRate/rawRate, bfRate/handRate)
 	b.rep.goal(bfRate >= 0.8*rawRate, "backfill rows/s >= 0.8x raw _bulk: %.2f", bfRate/rawRate)
 	b.rep.goal(bfRate >= handRate, "backfill rows/s >= 1.0x the hand-written loader: %.2f", bfRate/handRate)
-	b.rep.goal(res.peakKB <= 150*1024, "backfill peak RSS <= 150 MB: %s", mb(res.peakKB))
+	b.rep.goal(peakKB <= 150*1024, "backfill peak RSS <= 150 MB: %s", mb(peakKB))
 	return nil
+}
+
+func best(a, b time.Duration) time.Duration {
+	if a == 0 {
+		return b
+	}
+	return min(a, b)
+}
+
+// backfillOnce runs `outboxd backfill` of the table into a fresh index
+// and checks the index holds every row.
+func (b *bench) backfillOnce(ctx context.Context, bin, schemaName, sourceSQL string, n int) (backfillResult, error) {
+	name := b.newIndexName()
+	defer b.deleteIndices(ctx, name)
+	// Created beforehand, as for the loaders: the run measures loading.
+	if err := indexer.Bootstrap(ctx, b.es, name, nil); err != nil {
+		return backfillResult{}, err
+	}
+	res, err := b.runBackfill(ctx, bin, schemaName, name, sourceSQL)
+	if err != nil {
+		return res, err
+	}
+	if res.Rows != int64(n) || res.Applied != int64(n) {
+		return res, fmt.Errorf("backfill: %d rows, %d applied; want %d", res.Rows, res.Applied, n)
+	}
+	return res, b.checkCount(ctx, indexer.ReadAlias(name), n)
+}
+
+// loadInto runs load into the concrete index of a fresh index name and
+// checks the index holds n documents.
+func (b *bench) loadInto(ctx context.Context, n int, load func(index string) (time.Duration, error)) (time.Duration, error) {
+	name := b.newIndexName()
+	defer b.deleteIndices(ctx, name)
+	if err := indexer.Bootstrap(ctx, b.es, name, nil); err != nil {
+		return 0, err
+	}
+	took, err := load(indexer.FirstIndex(name))
+	if err != nil {
+		return 0, err
+	}
+	return took, b.checkCount(ctx, name, n)
 }
 
 func orDefaultArg(v int) string {

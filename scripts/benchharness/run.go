@@ -48,6 +48,7 @@ type config struct {
 	backfillN        int
 	backfillBatch    int
 	backfillInFlight int
+	backfillRepeat   int
 	outboxd          string
 
 	profileDir string
@@ -91,6 +92,7 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.backfillN, "backfill-n", 200_000, "backfill: rows of ~1 KB in the table (the recorded run: 1000000)")
 	num(&c.backfillBatch, "backfill-batch", 0, "backfill: outboxd backfill --batch (0: its default)")
 	num(&c.backfillInFlight, "backfill-in-flight", 0, "backfill: outboxd backfill --in-flight (0: its default)")
+	num(&c.backfillRepeat, "backfill-repeat", 1, "backfill: rounds of the three loads; the best of each is kept")
 	str(&c.outboxd, "outboxd", "", "backfill: the outboxd binary to run (default: outboxd next to this executable)")
 	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
 	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
@@ -103,7 +105,7 @@ func parseConfig(args []string) (*config, error) {
 	}
 	for name, v := range map[string]int{"drain-n": c.drainN, "naive-n": c.naiveN, "wal-n": c.walN, "wal-repeat": c.walRepeat,
 		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
-		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "backfill-n": c.backfillN, "page-docs": c.pageDocs, "prefetch": c.prefetch,
+		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "backfill-n": c.backfillN, "backfill-repeat": c.backfillRepeat, "page-docs": c.pageDocs, "prefetch": c.prefetch,
 		"load-tx": c.loadTx, "load-workers": c.loadWorkers} {
 		if v < 1 {
 			return nil, fmt.Errorf("%s: must be >= 1, got %d", name, v)
