@@ -116,14 +116,16 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 		o.Progress.SetTotal(estimateRows(ctx, tx, o.SourceSQL))
 	}
 
-	// The reader fills batches while InFlight earlier ones are at the sink;
-	// results are taken in reading order, so the stored key only ever
-	// covers rows the sink answered for.
+	// The reader fills the next batch while InFlight earlier ones are at
+	// the sink (a slot each: more would only hold more memory); results
+	// are taken in reading order, so the stored key only ever covers rows
+	// the sink answered for.
 	type pending struct {
 		last string
 		rows int
 		done chan batchResult
 	}
+	slots := make(chan struct{}, o.InFlight)
 	queue := make(chan pending, o.InFlight)
 	readErr := make(chan error, 1)
 	rctx, cancel := context.WithCancel(ctx)
@@ -139,18 +141,20 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 				readErr <- err
 				return
 			}
-			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
-			go func() { p.done <- sendBackfill(rctx, o, write, events) }()
 			select {
-			case queue <- p:
+			case slots <- struct{}{}:
 			case <-rctx.Done():
 				readErr <- rctx.Err()
 				return
 			}
+			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
+			go func() { p.done <- sendBackfill(rctx, o, write, events) }()
+			queue <- p // never blocks: a slot is taken
 		}
 	}()
 	for p := range queue {
 		r := <-p.done
+		<-slots
 		if r.err != nil {
 			cancel()
 			return rep, r.err
