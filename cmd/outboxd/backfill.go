@@ -41,9 +41,8 @@ the relay delivers live events: a row older than a live event is stale, and
 a row deleted after it was read stays deleted. Rows are read in the order
 of the id's own type: return the table's key as it is (id, not id::text)
 and they are read through its index, without sorting the table. Progress
-is stored in
-<schema>.backfills after every acknowledged batch; run the same command
-again after a crash to continue after the last stored id.
+is stored in <schema>.backfills after every acknowledged batch; run the
+same command again after a crash to continue after the last stored id.
 
 Exit status: 0 every row applied or stale; 3 some rows were rejected (listed).
 
