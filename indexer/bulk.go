@@ -68,25 +68,18 @@ func appendString(b []byte, s string) []byte {
 
 // checkDocument returns why doc cannot be sent as a bulk source line, or
 // "". A source must be one JSON object on one line: a newline inside it
-// would split the bulk framing and fail the whole request.
-func checkDocument(doc []byte) string {
-	if r := checkObject(doc); r != "" {
-		return r
-	}
-	if !json.Valid(doc) {
-		return "document: invalid JSON"
-	}
-	return ""
-}
-
-// checkObject returns why doc, if valid JSON, is not an object, or "".
-func checkObject(doc []byte) string {
+// would split the bulk framing and fail the whole request. validJSON
+// skips parsing a document known to be valid JSON.
+func checkDocument(doc []byte, validJSON bool) string {
 	i := 0
 	for i < len(doc) && (doc[i] == ' ' || doc[i] == '\t' || doc[i] == '\n' || doc[i] == '\r') {
 		i++
 	}
 	if i == len(doc) || doc[i] != '{' {
 		return "document: must be a JSON object"
+	}
+	if !validJSON && !json.Valid(doc) {
+		return "document: invalid JSON"
 	}
 	return ""
 }

@@ -385,6 +385,14 @@ func TestCheckEvent(t *testing.T) {
 			t.Errorf("%+v: got %q, want %q", c.e, got, c.want)
 		}
 	}
+	// Documents PostgreSQL validated are not parsed again, but must still
+	// be objects.
+	for doc, want := range map[string]string{`{"a":1}`: "", ` {"a":1}`: "", `[]`: "document: must be a JSON object", ``: "document: must be a JSON object"} {
+		e := upsert("x", "a", 1, doc)
+		if got := checkEvent(&e, true); got != want {
+			t.Errorf("valid JSON %q: got %q, want %q", doc, got, want)
+		}
+	}
 }
 
 // The sink is what the relay engine writes to.

@@ -32,15 +32,17 @@ func runBackfill(ctx context.Context, args []string) error {
 	outage := fs.Duration("outage-timeout", 5*time.Minute, "give up (resumable) after Elasticsearch was unreachable this long")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: outboxd backfill --index N --source-sql "SELECT id::text, version, row_to_json(t) FROM t" [flags]
+		fmt.Fprint(fs.Output(), `Usage: outboxd backfill --index N --source-sql "SELECT id, version, row_to_json(t) FROM t" [flags]
 
 Streams every row of the query straight to Elasticsearch as versioned
 upserts (a fourth boolean column, when true, writes a delete), with the same
 version gate as the relay and without appending outbox events. Run it while
 the relay delivers live events: a row older than a live event is stale, and
-a row deleted after it was read stays deleted. Progress is stored in
-<schema>.backfills after every acknowledged batch; run the same command
-again after a crash to continue after the last stored id.
+a row deleted after it was read stays deleted. Rows are read in the order
+of the id's own type: return the table's key as it is (id, not id::text)
+and they are read through its index, without sorting the table. Progress
+is stored in <schema>.backfills after every acknowledged batch; run the
+same command again after a crash to continue after the last stored id.
 
 Exit status: 0 every row applied or stale; 3 some rows were rejected (listed).
 

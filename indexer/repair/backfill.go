@@ -23,16 +23,20 @@ type BackfillOptions struct {
 	Pool   *pgxpool.Pool
 	Schema string // the outbox schema, which holds the backfills table
 	// Sink is where the rows go, as events: an *indexer.Sink, or anything
-	// with its Write.
+	// with its Write. Documents read from a json or jsonb column go through
+	// its WriteValidJSON when it has one: PostgreSQL validated them.
 	Sink interface {
 		Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error)
 	}
 	// Index is the index name N the rows are written to, as events of N.
 	Index string
-	// SourceSQL returns id (text), version (bigint >= 1) and document (a
-	// JSON object), and optionally a fourth boolean column: true writes a
-	// delete (a tombstone at that version) instead of the document. It runs
-	// in a read-only transaction and is ordered by id by Backfill itself.
+	// SourceSQL returns id, version (bigint >= 1) and document (a JSON
+	// object), and optionally a fourth boolean column: true writes a delete
+	// (a tombstone at that version) instead of the document. It runs in a
+	// read-only transaction and is ordered by id by Backfill itself, in the
+	// id's own type: return a table's key column as it is (not id::text)
+	// and the rows are read in the order of its index, without a sort. The
+	// id's text is the document's _id.
 	SourceSQL string
 	// Restart starts over even when an interrupted backfill of Index could
 	// be continued.
@@ -98,21 +102,30 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 		return nil, fmt.Errorf("indexer: backfill: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := declareBackfillCursor(ctx, tx, o, st.after); err != nil {
+	jsonDocs, err := declareBackfillCursor(ctx, tx, o, st.after)
+	if err != nil {
 		return nil, err
+	}
+	write := o.Sink.Write
+	if v, ok := o.Sink.(interface {
+		WriteValidJSON(context.Context, []outbox.Event) ([]outbox.Outcome, error)
+	}); ok && jsonDocs {
+		write = v.WriteValidJSON
 	}
 	if o.Progress != nil {
 		o.Progress.SetTotal(estimateRows(ctx, tx, o.SourceSQL))
 	}
 
-	// The reader fills batches while InFlight earlier ones are at the sink;
-	// results are taken in reading order, so the stored key only ever
-	// covers rows the sink answered for.
+	// The reader fills the next batch while InFlight earlier ones are at
+	// the sink (a slot each: more would only hold more memory); results
+	// are taken in reading order, so the stored key only ever covers rows
+	// the sink answered for.
 	type pending struct {
 		last string
 		rows int
 		done chan batchResult
 	}
+	slots := make(chan struct{}, o.InFlight)
 	queue := make(chan pending, o.InFlight)
 	readErr := make(chan error, 1)
 	rctx, cancel := context.WithCancel(ctx)
@@ -128,18 +141,20 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 				readErr <- err
 				return
 			}
-			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
-			go func() { p.done <- sendBackfill(rctx, o, events) }()
 			select {
-			case queue <- p:
+			case slots <- struct{}{}:
 			case <-rctx.Done():
 				readErr <- rctx.Err()
 				return
 			}
+			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
+			go func() { p.done <- sendBackfill(rctx, o, write, events) }()
+			queue <- p // never blocks: a slot is taken
 		}
 	}()
 	for p := range queue {
 		r := <-p.done
+		<-slots
 		if r.err != nil {
 			cancel()
 			return rep, r.err
@@ -203,85 +218,6 @@ func (o *BackfillOptions) defaults() error {
 	return nil
 }
 
-// declareBackfillCursor opens the cursor over SourceSQL after key after.
-// The key travels as a setting, not spliced into the SQL: DECLARE takes no
-// bind parameters.
-func declareBackfillCursor(ctx context.Context, tx pgx.Tx, o BackfillOptions, after string) error {
-	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('outboxd.backfill_after', $2, true)`,
-		fmt.Sprint(o.SourceTimeout.Milliseconds()), after); err != nil {
-		return fmt.Errorf("indexer: backfill: %w", err)
-	}
-	q := `DECLARE outboxd_backfill NO SCROLL CURSOR FOR
-SELECT * FROM (` + o.SourceSQL + `
-) AS src(id, version, document)
-WHERE current_setting('outboxd.backfill_after') = '' OR src.id::text COLLATE "C" > current_setting('outboxd.backfill_after')
-ORDER BY src.id::text COLLATE "C"`
-	if _, err := tx.Exec(ctx, q); err != nil {
-		return fmt.Errorf("indexer: backfill: source_sql: %w", err)
-	}
-	return nil
-}
-
-// estimateRows is the planner's estimate of the query's rows, for the
-// progress bar's ETA: counting them would read the table twice.
-func estimateRows(ctx context.Context, tx pgx.Tx, sql string) int64 {
-	var plan []struct {
-		Plan struct {
-			Rows float64 `json:"Plan Rows"`
-		} `json:"Plan"`
-	}
-	if err := tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql).Scan(&plan); err != nil || len(plan) == 0 {
-		return 0
-	}
-	return int64(plan[0].Plan.Rows)
-}
-
-// fetchBackfill reads the next batch of rows as events.
-func fetchBackfill(ctx context.Context, tx pgx.Tx, o BackfillOptions) ([]outbox.Event, error) {
-	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", o.Batch))
-	if err != nil {
-		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
-	}
-	defer rows.Close()
-	events := make([]outbox.Event, 0, o.Batch)
-	for rows.Next() {
-		cols := len(rows.FieldDescriptions())
-		if cols != 3 && cols != 4 {
-			return nil, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", cols)
-		}
-		var (
-			e       outbox.Event
-			doc     []byte
-			deleted bool
-		)
-		dest := []any{&e.SourceID, &e.Version, &doc}
-		if cols == 4 {
-			dest = append(dest, &deleted)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", lastID(events), err)
-		}
-		e.IndexName, e.Op = o.Index, outbox.OpUpsert
-		if deleted {
-			e.Op = outbox.OpDelete
-		} else {
-			e.Document = doc
-		}
-		events = append(events, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
-	}
-	return events, nil
-}
-
-func lastID(events []outbox.Event) string {
-	if len(events) == 0 {
-		return ""
-	}
-	return events[len(events)-1].SourceID
-}
-
 type batchResult struct {
 	applied, stale int64
 	rejected       []BackfillReject
@@ -293,11 +229,11 @@ type batchResult struct {
 // MaxAttempts, after which it is reported with the rejected rows. Rows
 // with a bad id, version or document are rejected by the sink with the
 // reason, like events.
-func sendBackfill(ctx context.Context, o BackfillOptions, events []outbox.Event) batchResult {
+func sendBackfill(ctx context.Context, o BackfillOptions, write func(context.Context, []outbox.Event) ([]outbox.Outcome, error), events []outbox.Event) batchResult {
 	var r batchResult
 	outageSince := time.Time{}
 	for attempt, delay := 1, 100*time.Millisecond; len(events) > 0; attempt++ {
-		out, err := o.Sink.Write(ctx, events)
+		out, err := write(ctx, events)
 		var again []outbox.Event
 		if err == nil {
 			for i, oc := range out {

@@ -418,7 +418,7 @@ func (r *rebuilder) copySource(ctx context.Context, w *copyWriter, tombstones in
 		return 0, fmt.Errorf("indexer: rebuild: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := declareBackfillCursor(ctx, tx, bo, ""); err != nil {
+	if _, err := declareBackfillCursor(ctx, tx, bo, ""); err != nil {
 		return 0, err
 	}
 	total := estimateRows(ctx, tx, r.o.SourceSQL) + tombstones

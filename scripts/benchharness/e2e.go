@@ -228,16 +228,22 @@ func (b *bench) drainInto(ctx context.Context, schemaName string, sink relay.Sin
 // rawLoad is the ceiling: the same documents straight into index, plain
 // index actions, bulk requests of bulkDocs, workers in flight.
 func rawLoad(ctx context.Context, es *elasticsearch.Client, index string, n, bulkDocs, workers int) (time.Duration, error) {
-	return rawLoader(ctx, es, index, n, bulkDocs, workers, false)
+	return rawLoader(ctx, es, index, n, bulkDocs, workers, false, nil)
 }
 
 // rawLoadVersioned sends the actions the sink sends: through the write
 // alias, version 1, external_gte.
 func rawLoadVersioned(ctx context.Context, es *elasticsearch.Client, alias string, n, bulkDocs, workers int) (time.Duration, error) {
-	return rawLoader(ctx, es, alias, n, bulkDocs, workers, true)
+	return rawLoader(ctx, es, alias, n, bulkDocs, workers, true, nil)
 }
 
-func rawLoader(ctx context.Context, es *elasticsearch.Client, index string, n, bulkDocs, workers int, versioned bool) (time.Duration, error) {
+// rawLoader sends items 1..n; item appends the action and source lines of
+// one (without the final newline), nil for the e2e scenario's events.
+func rawLoader(ctx context.Context, es *elasticsearch.Client, index string, n, bulkDocs, workers int, versioned bool,
+	item func(b []byte, g int64) []byte) (time.Duration, error) {
+	if item == nil {
+		item = func(b []byte, g int64) []byte { return appendEvent(b, g, versioned) }
+	}
 	chunks := make(chan int64)
 	var failed atomic.Pointer[error]
 	var wg sync.WaitGroup
@@ -250,14 +256,7 @@ func rawLoader(ctx context.Context, es *elasticsearch.Client, index string, n, b
 			for lo := range chunks {
 				body = body[:0]
 				for g := lo; g < min(lo+int64(bulkDocs), int64(n)+1); g++ {
-					body = append(body, `{"index":{"_id":"doc-`...)
-					body = strconv.AppendInt(body, g, 10)
-					if versioned {
-						body = append(body, `","version":1,"version_type":"external_gte`...)
-					}
-					body = append(body, "\"}}\n"...)
-					body = append(body, rawDoc(g)...)
-					body = append(body, '\n')
+					body = append(item(body, g), '\n')
 				}
 				if err := rawBulk(ctx, es, index, body, versioned); err != nil {
 					failed.CompareAndSwap(nil, &err)
@@ -274,6 +273,16 @@ func rawLoader(ctx context.Context, es *elasticsearch.Client, index string, n, b
 		return 0, *p
 	}
 	return time.Since(start), nil
+}
+
+func appendEvent(b []byte, g int64, versioned bool) []byte {
+	b = append(b, `{"index":{"_id":"doc-`...)
+	b = strconv.AppendInt(b, g, 10)
+	if versioned {
+		b = append(b, `","version":1,"version_type":"external_gte`...)
+	}
+	b = append(b, "\"}}\n"...)
+	return append(b, rawDoc(g)...)
 }
 
 func rawBulk(ctx context.Context, es *elasticsearch.Client, index string, body []byte, versioned bool) error {

@@ -1,7 +1,8 @@
-// Command benchharness measures the relay and the Elasticsearch sink
-// against baselines run in the same process on the same machine: it
-// prints numbers and ratios, never pass/fail except the [met]/[MISSED]
-// marks of the project's goals. scripts/bench is its entry point; docs/benchmarks.md
+// Command benchharness measures the relay, the Elasticsearch sink and
+// `outboxd backfill` (run as a child process from -outboxd, by default
+// outboxd next to this executable) against baselines run in the same
+// process on the same machine: it prints numbers and ratios, never
+// pass/fail except the [met]/[MISSED] marks of the project's goals. scripts/bench is its entry point; docs/benchmarks.md
 // records a run.
 //
 // Usage:

@@ -65,18 +65,23 @@ type config struct {
 
 	shutdownN int
 
+	backfillN        int
+	backfillBatch    int
+	backfillInFlight int
+	backfillRepeat   int
+
 	profileDir string
 	childGOGC  string
 	keep       bool
 }
 
-var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown"}
+var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown", "backfill"}
 
 func parseConfig(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown (comma-separated, or all).\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown, backfill (comma-separated, or all).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envString(name, def), usage) }
@@ -103,9 +108,9 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.e2eN, "e2e-n", 100_000, "e2e: documents through outbox -> relay -> Elasticsearch and through the raw _bulk loader")
 	num(&c.e2eNaiveN, "e2e-naive-n", 3_000, "e2e: documents through the naive one-request-per-event sink")
 	num(&c.e2ePageDocs, "e2e-page-docs", 4000, "e2e: relay page size; bulk-docs x bulk-workers keeps every worker busy")
-	num(&c.bulkDocs, "bulk-docs", 1000, "e2e: documents per bulk request (sink and raw loader alike)")
-	num(&c.bulkWorkers, "bulk-workers", 4, "e2e: bulk requests in flight (sink and raw loader alike)")
-	str(&c.outboxd, "outboxd", "bin/outboxd", "the outboxd binary that the lowrate, idle, memory and shutdown scenarios run as their relay (scripts/bench builds it)")
+	num(&c.bulkDocs, "bulk-docs", 1000, "e2e, backfill: documents per bulk request (sink and loaders alike)")
+	num(&c.bulkWorkers, "bulk-workers", 4, "e2e, backfill: bulk requests in flight (sink and loaders alike)")
+	str(&c.outboxd, "outboxd", "bin/outboxd", "the outboxd binary that the lowrate, idle, memory, shutdown and backfill scenarios run (scripts/bench builds it)")
 	str(&c.relayArgs, "relay-args", "", "extra flags for every outboxd relay child, space-separated (e.g. \"--batch-docs 2000 --max-poll 200ms\")")
 	num(&c.writersConns, "writers-conns", 8, "writers: client connections, one business transaction at a time each")
 	dur(&c.writersPhase, "writers-phase", 5*time.Second, "writers: length of each phase (plain, Append, Queue, capture)")
@@ -119,6 +124,11 @@ func parseConfig(args []string) (*config, error) {
 	dur(&c.memDuration, "memory-duration", 15*time.Second, "memory: length of the sustained phase")
 	num(&c.memBigMB, "memory-big-mb", 50, "memory: size of the single large document, MB (0 skips it)")
 	num(&c.shutdownN, "shutdown-n", 200_000, "shutdown: backlog the relay is draining when it gets SIGTERM")
+	num(&c.backfillN, "backfill-n", 200_000, "backfill: rows of ~1 KB in the table (the recorded run: 1000000)")
+	num(&c.backfillBatch, "backfill-batch", 0, "backfill: outboxd backfill --batch (0: its default)")
+	num(&c.backfillInFlight, "backfill-in-flight", 0, "backfill: outboxd backfill --in-flight (0: its default)")
+	num(&c.backfillRepeat, "backfill-repeat", 1, "backfill: rounds of the three loads; the best of each is kept")
+	str(&c.outboxd, "outboxd", "", "backfill: the outboxd binary to run (default: outboxd next to this executable)")
 	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
 	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
 	fs.BoolVar(&c.keep, "keep", envBool("keep"), "keep schemas and indices (for inspection)")
@@ -132,7 +142,8 @@ func parseConfig(args []string) (*config, error) {
 		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
 		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
 		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "lowrate-workers": c.lowWorkers,
-		"memory-n": c.memN, "memory-doc-kb": c.memDocKB, "memory-rate": c.memRate, "shutdown-n": c.shutdownN} {
+		"memory-n": c.memN, "memory-doc-kb": c.memDocKB, "memory-rate": c.memRate, "shutdown-n": c.shutdownN,
+		"backfill-n": c.backfillN, "backfill-repeat": c.backfillRepeat} {
 		if v < 1 {
 			return nil, fmt.Errorf("%s: must be >= 1, got %d", name, v)
 		}
@@ -143,8 +154,10 @@ func parseConfig(args []string) (*config, error) {
 	if c.memBigMB < 0 {
 		return nil, fmt.Errorf("memory-big-mb: must be >= 0, got %d", c.memBigMB)
 	}
-	if c.peerN < 0 {
-		return nil, fmt.Errorf("peer-n: must be >= 0, got %d", c.peerN)
+	for name, v := range map[string]int{"peer-n": c.peerN, "backfill-batch": c.backfillBatch, "backfill-in-flight": c.backfillInFlight} {
+		if v < 0 {
+			return nil, fmt.Errorf("%s: must be >= 0, got %d", name, v)
+		}
 	}
 	if _, err := c.rss(); err != nil {
 		return nil, err
@@ -219,6 +232,7 @@ func run(ctx context.Context, args []string) error {
 		{"idle", b.idleScenario},
 		{"memory", b.memoryScenario},
 		{"shutdown", b.shutdownScenario},
+		{"backfill", b.backfillScenario},
 	}
 	var failed []string
 	for _, s := range steps {

@@ -1,0 +1,157 @@
+package repair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/outboxd/outboxd/outbox"
+)
+
+// declareBackfillCursor opens the cursor over SourceSQL after key after.
+// The key travels as a setting, not spliced into the SQL: DECLARE takes no
+// bind parameters.
+//
+// Rows are ordered by the id column in its own type (bigint, uuid, text
+// in its collation, ...), so that a query over a table whose primary key
+// it returns reads the key's index in order and resumes with an index
+// condition: ordering by the id's text would sort the whole table before
+// the first row, and put 10 before 2. An id of a type without a btree
+// ordering (json, a record) is ordered by its text in byte order instead.
+//
+// jsonDocs reports a document column of type json or jsonb, which
+// PostgreSQL has validated.
+func declareBackfillCursor(ctx context.Context, tx pgx.Tx, o BackfillOptions, after string) (jsonDocs bool, err error) {
+	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('outboxd.backfill_after', $2, true)`,
+		fmt.Sprint(o.SourceTimeout.Milliseconds()), after); err != nil {
+		return false, fmt.Errorf("indexer: backfill: %w", err)
+	}
+	shape, err := backfillSourceShape(ctx, tx, o.SourceSQL)
+	if err != nil {
+		return false, err
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return false, fmt.Errorf("indexer: backfill: %w", err)
+	}
+	_, err = sp.Exec(ctx, backfillCursorSQL(o.SourceSQL, shape.keyType, shape.cols, after != ""))
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42846") {
+		// undefined_function (no ordering operator) or cannot_coerce (no
+		// cast from text): order by the id's text.
+		if err := sp.Rollback(ctx); err != nil {
+			return false, fmt.Errorf("indexer: backfill: %w", err)
+		}
+		_, err = tx.Exec(ctx, backfillCursorSQL(o.SourceSQL, "", shape.cols, after != ""))
+	} else if err == nil {
+		err = sp.Commit(ctx)
+	}
+	if err != nil {
+		return false, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	return shape.docOID == pgtype.JSONOID || shape.docOID == pgtype.JSONBOID, nil
+}
+
+// sourceShape is what the columns of SourceSQL are.
+type sourceShape struct {
+	keyType string // the SQL name of the id's type, from the catalog (quoted as needed)
+	cols    int    // 3 or 4
+	docOID  uint32 // the document's type
+}
+
+// backfillSourceShape describes SourceSQL without running it.
+func backfillSourceShape(ctx context.Context, tx pgx.Tx, sql string) (sourceShape, error) {
+	sd, err := tx.Conn().PgConn().Prepare(ctx, "", sql, nil)
+	if err != nil {
+		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	sh := sourceShape{cols: len(sd.Fields)}
+	if sh.cols != 3 && sh.cols != 4 {
+		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", sh.cols)
+	}
+	sh.docOID = sd.Fields[2].DataTypeOID
+	if err := tx.QueryRow(ctx, `SELECT format_type($1, NULL)`, sd.Fields[0].DataTypeOID).Scan(&sh.keyType); err != nil {
+		return sourceShape{}, fmt.Errorf("indexer: backfill: %w", err)
+	}
+	return sh, nil
+}
+
+// backfillCursorSQL is the cursor over sql (of cols columns) ordered by
+// its id, in keyType ("" for the id's text in byte order), after the key
+// in the setting outboxd.backfill_after when resume. The id is returned as
+// text, the form in which it is stored and becomes the document's _id.
+func backfillCursorSQL(sql, keyType string, cols int, resume bool) string {
+	key := "src.id"
+	after := "CAST(current_setting('outboxd.backfill_after') AS " + keyType + ")"
+	if keyType == "" {
+		key = `src.id::text COLLATE "C"`
+		after = "current_setting('outboxd.backfill_after')"
+	}
+	names, out := "id, version, document", "src.id::text, src.version, src.document"
+	if cols == 4 {
+		names, out = names+", deleted", out+", src.deleted"
+	}
+	q := `DECLARE outboxd_backfill NO SCROLL CURSOR FOR
+SELECT ` + out + ` FROM (` + sql + `
+) AS src(` + names + `)`
+	if resume {
+		q += "\nWHERE " + key + " > " + after
+	}
+	return q + "\nORDER BY " + key
+}
+
+// estimateRows is the planner's estimate of the query's rows, for the
+// progress bar's ETA: counting them would read the table twice.
+func estimateRows(ctx context.Context, tx pgx.Tx, sql string) int64 {
+	var plan []struct {
+		Plan struct {
+			Rows float64 `json:"Plan Rows"`
+		} `json:"Plan"`
+	}
+	if err := tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+sql).Scan(&plan); err != nil || len(plan) == 0 {
+		return 0
+	}
+	return int64(plan[0].Plan.Rows)
+}
+
+// fetchBackfill reads the next batch of rows as events. Each row is
+// scanned straight into its place in the batch: no per-row allocation but
+// the id and the document's bytes.
+func fetchBackfill(ctx context.Context, tx pgx.Tx, o BackfillOptions) ([]outbox.Event, error) {
+	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", o.Batch))
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	defer rows.Close()
+	var (
+		deleted bool
+		dest    = []any{nil, nil, nil, &deleted}[:len(rows.FieldDescriptions())]
+		events  = make([]outbox.Event, 0, o.Batch)
+	)
+	for rows.Next() {
+		events = append(events, outbox.Event{IndexName: o.Index, Op: outbox.OpUpsert})
+		e := &events[len(events)-1]
+		dest[0], dest[1], dest[2], deleted = &e.SourceID, &e.Version, (*[]byte)(&e.Document), false
+		if err := rows.Scan(dest...); err != nil {
+			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", lastID(events[:len(events)-1]), err)
+		}
+		if deleted {
+			e.Op, e.Document = outbox.OpDelete, nil
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	return events, nil
+}
+
+func lastID(events []outbox.Event) string {
+	if len(events) == 0 {
+		return ""
+	}
+	return events[len(events)-1].SourceID
+}
