@@ -33,12 +33,13 @@ func TestClusterNodeLoss(t *testing.T) {
 			r := e.startRelay(t, e.dbURL)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			// The second half of the events is written from the kill on.
-			// The relay drains the first half while the test waits for the
-			// replica below, for as long as that takes: written all at
-			// once, the 50,000 events could be acknowledged before the
-			// kill, leaving nothing to deliver while the node is gone.
-			first := e.write(ctx, e.pool, 4, 25000, 5000, "s", 15*time.Millisecond)
+			// 26,000 events before the kill and 24,000 from the kill on
+			// (each writer's share whole transactions of 100). The relay
+			// drains the first part while the test waits for the replica
+			// below, for as long as that takes: written all at once, the
+			// 50,000 events could be acknowledged before the kill, leaving
+			// nothing to deliver while the node is gone.
+			first := e.write(ctx, e.pool, 4, 26000, 5000, "s", 15*time.Millisecond)
 			waitFor(t, "10,000 events are acknowledged", 3*time.Minute, func() bool { return r.sum("outboxd_acknowledged_events_total") >= 10000 })
 
 			// Both copies started: a replica still recovering when the
@@ -56,9 +57,9 @@ func TestClusterNodeLoss(t *testing.T) {
 			}
 			errsBefore := signals()
 			acked := r.sum("outboxd_acknowledged_events_total")
-			second := e.write(ctx, e.pool, 4, 25000, 5000, "s", 15*time.Millisecond)
+			second := e.write(ctx, e.pool, 4, 24000, 5000, "s", 15*time.Millisecond)
 			written := func() int64 { return first.written.Load() + second.written.Load() }
-			t.Logf("killing node %d (%s) with %d events written, %.0f acknowledged, backlog %d; 25,000 more are being written",
+			t.Logf("killing node %d (%s) with %d events written, %.0f acknowledged, backlog %d; 24,000 more are being written",
 				node, victim, written(), acked, backlog(e.pool, e.schema))
 			killed := time.Now()
 			services(t, "kill-es-node", strconv.Itoa(node))
