@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,13 +33,22 @@ func TestClusterNodeLoss(t *testing.T) {
 			r := e.startRelay(t, e.dbURL)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			w := e.write(ctx, e.pool, 4, 50000, 5000, "s", 15*time.Millisecond)
+			// 26,000 events before the kill and 24,000 from the kill on
+			// (each writer's share whole transactions of 100). The relay
+			// drains the first part while the test waits for the replica
+			// below, for as long as that takes: written all at once, the
+			// 50,000 events could be acknowledged before the kill, leaving
+			// nothing to deliver while the node is gone.
+			first := e.write(ctx, e.pool, 4, 26000, 5000, "s", 15*time.Millisecond)
 			waitFor(t, "10,000 events are acknowledged", 3*time.Minute, func() bool { return r.sum("outboxd_acknowledged_events_total") >= 10000 })
 
 			// Both copies started: a replica still recovering when the
 			// primary dies leaves no in-sync copy, and the shard waits for
 			// the dead node to come back.
+			greenFrom, ackedFrom := time.Now(), r.sum("outboxd_acknowledged_events_total")
 			e.esAny(t, "GET", "/_cluster/health/"+e.index+"-*?wait_for_status=green&timeout=60s", "")
+			t.Logf("the index was green %s after 10,000 acknowledgements; the relay acknowledged %.0f events meanwhile",
+				time.Since(greenFrom).Round(100*time.Millisecond), r.sum("outboxd_acknowledged_events_total")-ackedFrom)
 			node := e.nodeOf(t, victim)
 			signals := func() float64 {
 				m := r.metrics("outboxd_bulk_request_seconds_count")
@@ -47,7 +57,10 @@ func TestClusterNodeLoss(t *testing.T) {
 			}
 			errsBefore := signals()
 			acked := r.sum("outboxd_acknowledged_events_total")
-			t.Logf("killing node %d (%s) with %d events written, %.0f acknowledged", node, victim, w.written.Load(), acked)
+			second := e.write(ctx, e.pool, 4, 24000, 5000, "s", 15*time.Millisecond)
+			written := func() int64 { return first.written.Load() + second.written.Load() }
+			t.Logf("killing node %d (%s) with %d events written, %.0f acknowledged, backlog %d; 24,000 more are being written",
+				node, victim, written(), acked, backlog(e.pool, e.schema))
 			killed := time.Now()
 			services(t, "kill-es-node", strconv.Itoa(node))
 			t.Cleanup(func() { services(t, "start-es") }) // a no-op once the node is back
@@ -59,26 +72,44 @@ func TestClusterNodeLoss(t *testing.T) {
 			var lastNotReady, stall atomic.Int64
 			stopWatch := make(chan struct{})
 			watched := make(chan struct{})
+			var timeline strings.Builder // one line a second, logged if the test fails
 			go func() {
 				defer close(watched)
-				last, lastAt := acked, killed
+				last, lastAt, sampled := acked, killed, time.Time{}
 				for {
 					select {
 					case <-stopWatch:
 						return
 					case <-time.After(100 * time.Millisecond):
-						if !r.ready() {
+						ready := r.ready()
+						if !ready {
 							notReady.Store(true)
 							lastNotReady.Store(int64(time.Since(killed)))
 						}
-						if n := r.sum("outboxd_acknowledged_events_total"); n > last {
+						n, b := r.sum("outboxd_acknowledged_events_total"), backlog(e.pool, e.schema)
+						if n > last {
 							last, lastAt = n, time.Now()
-						} else if backlog(e.pool, e.schema) > 0 && int64(time.Since(lastAt)) > stall.Load() {
+						} else if b > 0 && int64(time.Since(lastAt)) > stall.Load() {
 							stall.Store(int64(time.Since(lastAt)))
+						}
+						if time.Since(sampled) >= time.Second {
+							sampled = time.Now()
+							fmt.Fprintf(&timeline, "  +%5.1fs acknowledged %6.0f backlog %6d written %6d ready %-5v failed requests and retries %.0f\n",
+								time.Since(killed).Seconds(), n, b, written(), ready, signals()-errsBefore)
 						}
 					}
 				}
 			}()
+			var stopOnce sync.Once
+			stop := func() { stopOnce.Do(func() { close(stopWatch); <-watched }) }
+			t.Cleanup(func() {
+				stop()
+				if t.Failed() {
+					t.Logf("after the kill of node %d:\n%s", node, timeline.String())
+					t.Logf("shards:\n%s", e.esAnyQuiet("GET", "/_cat/shards/"+e.index+"-*?v", ""))
+					t.Logf("cluster health: %s", e.esAnyQuiet("GET", "/_cluster/health", ""))
+				}
+			})
 			waitFor(t, "the relay acknowledges events again", 2*time.Minute, func() bool {
 				return r.sum("outboxd_acknowledged_events_total") > acked+1000
 			})
@@ -116,14 +147,14 @@ func TestClusterNodeLoss(t *testing.T) {
 			restart := time.Now()
 			services(t, "start-es")
 			rejoin := time.Since(restart)
-			w.wg.Wait()
+			first.wg.Wait()
+			second.wg.Wait()
 			converge, v := e.converge(t, e.pool, 4*time.Minute)
-			close(stopWatch)
-			<-watched
+			stop()
 			errs := signals() - errsBefore
 			outage := time.Duration(lastNotReady.Load())
 			t.Logf("node loss (%s): %d events written; /readyz not ready at times until %s after the kill (the node was restarted %s after it, rejoining took %s); longest stall without an acknowledgement %s; failed requests and retries counted %.0f; converged %s after the kill (%s after the writers ended); comparison %+v",
-				victim, w.written.Load(), outage.Round(100*time.Millisecond), restart.Sub(killed).Round(time.Second), rejoin.Round(100*time.Millisecond), time.Duration(stall.Load()).Round(100*time.Millisecond),
+				victim, written(), outage.Round(100*time.Millisecond), restart.Sub(killed).Round(time.Second), rejoin.Round(100*time.Millisecond), time.Duration(stall.Load()).Round(100*time.Millisecond),
 				errs, time.Since(killed).Round(100*time.Millisecond), converge.Round(100*time.Millisecond), v)
 			if stalled := time.Duration(stall.Load()); errs == 0 && !notReady.Load() {
 				if stalled > 2*time.Second {

@@ -203,7 +203,7 @@ func (e *clusterEnv) startRelay(t *testing.T, dbURL string, extra ...string) *re
 		p.kill()
 		if t.Failed() {
 			b, _ := os.ReadFile(logf.Name())
-			t.Logf("relay %s log (tail):\n%s", admin, tail(string(b), 3000))
+			t.Logf("relay %s log (tail):\n%s", admin, tail(string(b), 10000))
 		}
 	})
 	return p
@@ -233,7 +233,9 @@ func (p *relayProc) alive() bool {
 // metrics returns the relay's samples of one metric, keyed by labels.
 func (p *relayProc) metrics(name string) map[string]float64 {
 	out := map[string]float64{}
-	c := http.Client{Timeout: 2 * time.Second}
+	// /metrics may wait for the backlog query (up to 5 s on a loaded
+	// machine); a scrape cut short reads as zeros.
+	c := http.Client{Timeout: 10 * time.Second}
 	resp, err := c.Get("http://" + p.admin + "/metrics")
 	if err != nil {
 		return out
