@@ -128,7 +128,6 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.backfillBatch, "backfill-batch", 0, "backfill: outboxd backfill --batch (0: its default)")
 	num(&c.backfillInFlight, "backfill-in-flight", 0, "backfill: outboxd backfill --in-flight (0: its default)")
 	num(&c.backfillRepeat, "backfill-repeat", 1, "backfill: rounds of the three loads; the best of each is kept")
-	str(&c.outboxd, "outboxd", "", "backfill: the outboxd binary to run (default: outboxd next to this executable)")
 	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
 	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
 	fs.BoolVar(&c.keep, "keep", envBool("keep"), "keep schemas and indices (for inspection)")
