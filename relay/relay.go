@@ -36,8 +36,10 @@ type Config struct {
 	// from its reading, for more events before it goes to the sink;
 	// LingerDocs is the size at which it stops waiting. Both bound what a
 	// low rate costs the sink (fewer, larger writes) against latency. A
-	// full page (a backlog) never waits. Defaults 60ms and 30 events;
-	// a negative Linger turns it off.
+	// full page (a backlog) never waits. Defaults 60ms and 27 events: at
+	// 500 events/s a page collects 27 in 54ms (under 20 writes a second),
+	// while at 1,000/s its first event waits 27ms, not 60. A negative
+	// Linger turns it off.
 	Linger     time.Duration
 	LingerDocs int
 
@@ -86,7 +88,7 @@ func (c *Config) setDefaults() {
 	if c.Linger == 0 {
 		c.Linger = 60 * time.Millisecond
 	}
-	defInt(&c.LingerDocs, 30)
+	defInt(&c.LingerDocs, 27)
 	def(&c.MinPollInterval, 2*time.Millisecond)
 	def(&c.MaxPollInterval, 100*time.Millisecond)
 	def(&c.BackoffBase, 100*time.Millisecond)

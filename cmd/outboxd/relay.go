@@ -176,7 +176,7 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.DurationVar(&f.minPoll, "min-poll", 2*time.Millisecond, "first wait after an empty poll")
 	fs.DurationVar(&f.maxPoll, "max-poll", 100*time.Millisecond, "longest wait between polls when idle")
 	fs.DurationVar(&f.linger, "linger", 60*time.Millisecond, "how long a page read at a low rate may wait for more events before it goes to Elasticsearch, so a trickle makes fewer, larger bulk requests; a backlog never waits; 0 disables")
-	fs.IntVar(&f.lingerDocs, "linger-docs", 30, "a lingering page goes at once when it holds this many events")
+	fs.IntVar(&f.lingerDocs, "linger-docs", 27, "a lingering page goes at once when it holds this many events")
 	fs.BoolVar(&f.wakeup, "wakeup", false, "also wake on NOTIFY from the outbox (enable with SELECT <schema>.enable_wakeup()); adds a NOTIFY per writing transaction")
 	fs.DurationVar(&f.storeInterval, "store-interval", 100*time.Millisecond, "how often progress is stored while events flow (a crash re-delivers at most this much)")
 	fs.DurationVar(&f.lease, "lease-interval", time.Second, "how often a standby tries to take over a stream")

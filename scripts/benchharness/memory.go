@@ -124,7 +124,7 @@ func (b *bench) memorySustained(ctx context.Context, proxy *esProxy) (int64, err
 	if err := at.waitAcked(ctx, 1, time.Minute, p); err != nil {
 		return 0, err
 	}
-	n, took, err := pace(ctx, cfg.memRate, cfg.memDuration, cfg.lowWorkers, func(g int64) error {
+	n, took, err := pace(ctx, cfg.memRate, cfg.memDuration, cfg.producers(cfg.memRate), func(g int64) error {
 		return b.appendEvent(ctx, ob, index, g, bigDoc(g, cfg.memDocKB))
 	})
 	if err != nil {

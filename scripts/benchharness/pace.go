@@ -114,6 +114,18 @@ func (a *ackTimes) waitAcked(ctx context.Context, n int64, timeout time.Duration
 
 // appendEvent commits one event the way README recommends for Go:
 // Outbox.Append in the caller's pgx transaction.
+// appendEvents commits events first .. first+n-1 in one transaction.
+func (b *bench) appendEvents(ctx context.Context, ob *outbox.Outbox, index string, first int64, n int) error {
+	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for g := first; g < first+int64(n); g++ {
+			if _, err := ob.Append(ctx, tx, outbox.Event{IndexName: index, SourceID: sourceID(g), Version: 1, Op: outbox.OpUpsert, Document: rawDoc(g)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 func (b *bench) appendEvent(ctx context.Context, ob *outbox.Outbox, index string, g int64, doc []byte) error {
 	return pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		_, err := ob.Append(ctx, tx, outbox.Event{IndexName: index, SourceID: sourceID(g), Version: 1, Op: outbox.OpUpsert, Document: doc})

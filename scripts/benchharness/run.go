@@ -55,6 +55,7 @@ type config struct {
 
 	lowDuration  time.Duration
 	lowWorkers   int
+	highWorkers  int
 	idleDuration time.Duration
 
 	memN        int
@@ -117,6 +118,7 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.writersRounds, "writers-rounds", 2, "writers: alternations of the phases (>= 2)")
 	dur(&c.lowDuration, "lowrate-duration", 20*time.Second, "lowrate: paced production per rate (500, 1000, 5000 events/s; the recorded run: 60s)")
 	num(&c.lowWorkers, "lowrate-workers", 8, "lowrate: producer connections, one event per transaction")
+	num(&c.highWorkers, "lowrate-high-workers", 24, "lowrate, memory: producer connections for rates above 1,000/s (8 commit about 2,000 single-event transactions/s here)")
 	dur(&c.idleDuration, "idle-duration", 20*time.Second, "idle: measured time with no events (the recorded run: 60s)")
 	num(&c.memN, "memory-n", 20_000, "memory: backlog of large documents drained by an outboxd relay (the recorded run: 1000000)")
 	num(&c.memDocKB, "memory-doc-kb", 10, "memory: document size in the backlog and the sustained phase, KB")
@@ -140,7 +142,7 @@ func parseConfig(args []string) (*config, error) {
 	for name, v := range map[string]int{"drain-n": c.drainN, "naive-n": c.naiveN, "wal-n": c.walN, "wal-repeat": c.walRepeat,
 		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
 		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
-		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "lowrate-workers": c.lowWorkers,
+		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "lowrate-workers": c.lowWorkers, "lowrate-high-workers": c.highWorkers,
 		"memory-n": c.memN, "memory-doc-kb": c.memDocKB, "memory-rate": c.memRate, "shutdown-n": c.shutdownN,
 		"backfill-n": c.backfillN, "backfill-repeat": c.backfillRepeat} {
 		if v < 1 {
