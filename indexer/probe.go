@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"regexp"
+	"strconv"
 
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
@@ -59,11 +61,30 @@ func (s *Sink) failed(ctx context.Context, w *write, items []int, vt versionType
 	}
 	// This event fails alone where a tiny request succeeds: its own failure.
 	reason := f.err.Error()
-	if f.status == http.StatusBadRequest || f.status == http.StatusRequestEntityTooLarge {
+	if f.status == http.StatusBadRequest || f.status == http.StatusRequestEntityTooLarge ||
+		f.status == http.StatusTooManyRequests && overPressureLimit(reason) {
 		s.settleAll(w, items, outbox.Outcome{Status: outbox.Rejected, Reason: reason})
 		return
 	}
 	s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: reason + " (a request without this event succeeds)"})
+}
+
+// coordinatingBytes finds the sizes in Elasticsearch's indexing-pressure
+// rejection: "coordinating_operation_bytes=N, max_coordinating_bytes=M".
+var coordinatingBytes = regexp.MustCompile(`coordinating_operation_bytes=(\d+), max_coordinating_bytes=(\d+)`)
+
+// overPressureLimit reports whether a 429 says the request alone is larger
+// than the node's indexing-pressure limit: retrying cannot help, however
+// idle the node gets, so its one event is rejected at once instead of
+// being retried through its attempts.
+func overPressureLimit(reason string) bool {
+	m := coordinatingBytes.FindStringSubmatch(reason)
+	if m == nil {
+		return false
+	}
+	op, err1 := strconv.ParseInt(m[1], 10, 64)
+	limit, err2 := strconv.ParseInt(m[2], 10, 64)
+	return err1 == nil && err2 == nil && op > limit
 }
 
 // sinkFault settles items when even the probe failed.

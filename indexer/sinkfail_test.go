@@ -54,11 +54,11 @@ func backlogOf(t *testing.T, pool *pgxpool.Pool, schemaName string) int64 {
 	return st.Backlog()
 }
 
-type parked struct{ sourceID, reason string }
+type parked struct{ sourceID, reason, kind string }
 
 func deadLetters(t *testing.T, pool *pgxpool.Pool, schemaName string) []parked {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT source_id, reason FROM "`+schemaName+`".dead_letters ORDER BY id`)
+	rows, err := pool.Query(context.Background(), `SELECT source_id, reason, kind FROM "`+schemaName+`".dead_letters ORDER BY id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func deadLetters(t *testing.T, pool *pgxpool.Pool, schemaName string) []parked {
 	var out []parked
 	for rows.Next() {
 		var p parked
-		if err := rows.Scan(&p.sourceID, &p.reason); err != nil {
+		if err := rows.Scan(&p.sourceID, &p.reason, &p.kind); err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, p)
@@ -134,7 +134,10 @@ func TestSinkOneEventNeverStallsItsStream(t *testing.T) {
 		if len(dead) != 1 || dead[0].sourceID != "big" {
 			t.Fatalf("dead letters %+v, want only big", dead)
 		}
-		for _, want := range []string{"gave up after 3 attempts", "429", "es_rejected_execution_exception", "coordinating_operation_bytes"} {
+		if dead[0].kind != "rejected" {
+			t.Errorf("dead letter kind %q, want rejected at once: a document over the limit never fits", dead[0].kind)
+		}
+		for _, want := range []string{"429", "es_rejected_execution_exception", "coordinating_operation_bytes"} {
 			if !strings.Contains(dead[0].reason, want) {
 				t.Errorf("reason %q does not mention %q", dead[0].reason, want)
 			}
