@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"time"
-
-	"github.com/outboxd/outboxd/outbox"
 )
 
 // The lowrate scenario's rates: the cost per event at a trickle against
@@ -79,30 +77,12 @@ func (b *bench) lowrateScenario(ctx context.Context) error {
 
 func (b *bench) lowratePhase(ctx context.Context, proxy *esProxy, rate int) (lowResult, error) {
 	cfg := b.cfg
-	s, err := b.newSchema(ctx)
+	w, err := b.startWarmRelay(ctx, proxy, int(float64(rate)*cfg.lowDuration.Seconds()))
 	if err != nil {
 		return lowResult{}, err
 	}
-	index := b.newIndexName()
-	ob, err := outbox.NewOutbox(s)
-	if err != nil {
-		return lowResult{}, err
-	}
-	total := int(float64(rate) * cfg.lowDuration.Seconds())
-	at := newAckTimes(total)
-	defer at.watch(proxy)()
-	p, err := b.startRelay(ctx, s, index, proxy.url)
-	if err != nil {
-		return lowResult{}, err
-	}
-	defer p.kill()
-	// The first event creates the index: not part of the measurement.
-	if err := b.appendEvent(ctx, ob, index, 0, rawDoc(0)); err != nil {
-		return lowResult{}, err
-	}
-	if err := at.waitAcked(ctx, 1, time.Minute, p); err != nil {
-		return lowResult{}, err
-	}
+	defer w.close()
+	index, ob, at, p := w.index, w.ob, w.at, w.p
 
 	meter := newCPUMeter(p.pid(), b.pool)
 	meter.begin(ctx)
@@ -149,7 +129,7 @@ func (b *bench) lowratePhase(ctx context.Context, proxy *esProxy, rate int) (low
 	}
 
 	lat := make([]time.Duration, 0, n)
-	for g := 1; g <= total; g++ {
+	for g := 1; g < len(at.commit); g++ {
 		c, a := at.commit[g].Load(), at.ack[g].Load()
 		if c == 0 {
 			continue
@@ -164,7 +144,7 @@ func (b *bench) lowratePhase(ctx context.Context, proxy *esProxy, rate int) (low
 	slices.Sort(lat)
 	r.p50, r.p99, r.p999, r.max = pct(lat, 0.5), pct(lat, 0.99), pct(lat, 0.999), lat[len(lat)-1]
 	b.deleteIndices(ctx, index)
-	b.dropSchema(ctx, s)
+	b.dropSchema(ctx, w.schema)
 	return r, nil
 }
 
@@ -206,29 +186,12 @@ func (b *bench) idleScenario(ctx context.Context) error {
 		return err
 	}
 	defer proxy.close()
-	s, err := b.newSchema(ctx)
+	w, err := b.startWarmRelay(ctx, proxy, 1)
 	if err != nil {
 		return err
 	}
-	index := b.newIndexName()
-	ob, err := outbox.NewOutbox(s)
-	if err != nil {
-		return err
-	}
-	at := newAckTimes(1)
-	defer at.watch(proxy)()
-	p, err := b.startRelay(ctx, s, index, proxy.url)
-	if err != nil {
-		return err
-	}
-	defer p.kill()
-	// One delivered event first: the relay is idle after work, not fresh.
-	if err := b.appendEvent(ctx, ob, index, 0, rawDoc(0)); err != nil {
-		return err
-	}
-	if err := at.waitAcked(ctx, 1, time.Minute, p); err != nil {
-		return err
-	}
+	defer w.close()
+	p := w.p
 	time.Sleep(2 * time.Second)
 
 	meter := newCPUMeter(p.pid(), b.pool)

@@ -148,28 +148,12 @@ func (b *bench) memorySustained(ctx context.Context, proxy *esProxy) (int64, err
 // Elasticsearch has it or the relay has dead-lettered it.
 func (b *bench) memoryBig(ctx context.Context, proxy *esProxy) error {
 	cfg := b.cfg
-	s, err := b.newSchema(ctx)
+	w, err := b.startWarmRelay(ctx, proxy, 1)
 	if err != nil {
 		return err
 	}
-	index := b.newIndexName()
-	ob, err := outbox.NewOutbox(s)
-	if err != nil {
-		return err
-	}
-	at := newAckTimes(1)
-	defer at.watch(proxy)()
-	p, err := b.startRelay(ctx, s, index, proxy.url)
-	if err != nil {
-		return err
-	}
-	defer p.kill()
-	if err := b.appendEvent(ctx, ob, index, 0, rawDoc(0)); err != nil {
-		return err
-	}
-	if err := at.waitAcked(ctx, 1, time.Minute, p); err != nil {
-		return err
-	}
+	defer w.close()
+	s, index, ob, at, p := w.schema, w.index, w.ob, w.at, w.p
 	before := p.peakRSS()
 	start := time.Now()
 	if err := b.appendEvent(ctx, ob, index, 1, bigDoc(1, cfg.memBigMB*1024)); err != nil {

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // relayProc is a real `outboxd relay` process: the scenarios that measure
@@ -182,4 +184,47 @@ func relayArgsShown(args string) string {
 		return strings.Join(f, " ") + " "
 	}
 	return ""
+}
+
+// warmRelay is an `outboxd relay` child on a fresh schema and index behind
+// proxy that has delivered one event (doc-0, which creates the index and is
+// not part of any measurement), so what follows measures a relay after work.
+type warmRelay struct {
+	schema, index string
+	ob            *outbox.Outbox
+	at            *ackTimes // sized for events 1..n
+	p             *relayProc
+	unwatch       func()
+}
+
+func (b *bench) startWarmRelay(ctx context.Context, proxy *esProxy, n int) (*warmRelay, error) {
+	s, err := b.newSchema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ob, err := outbox.NewOutbox(s)
+	if err != nil {
+		return nil, err
+	}
+	w := &warmRelay{schema: s, index: b.newIndexName(), ob: ob, at: newAckTimes(n)}
+	w.unwatch = w.at.watch(proxy)
+	if w.p, err = b.startRelay(ctx, s, w.index, proxy.url); err != nil {
+		w.unwatch()
+		return nil, err
+	}
+	if err := b.appendEvent(ctx, ob, w.index, 0, rawDoc(0)); err != nil {
+		w.close()
+		return nil, err
+	}
+	if err := w.at.waitAcked(ctx, 1, time.Minute, w.p); err != nil {
+		w.close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// close kills the relay if it still runs and stops watching the proxy.
+func (w *warmRelay) close() {
+	w.p.kill()
+	w.unwatch()
 }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/outboxd/outboxd/outbox"
 )
 
 // shutdownScenario times `outboxd relay` from SIGTERM to exit: idle, and
@@ -23,29 +21,13 @@ func (b *bench) shutdownScenario(ctx context.Context) error {
 	defer proxy.close()
 
 	// Idle.
-	s, err := b.newSchema(ctx)
+	w, err := b.startWarmRelay(ctx, proxy, 1)
 	if err != nil {
 		return err
 	}
-	index := b.newIndexName()
-	ob, err := outbox.NewOutbox(s)
-	if err != nil {
-		return err
-	}
-	at := newAckTimes(1)
-	stopWatch := at.watch(proxy)
-	p, err := b.startRelay(ctx, s, index, proxy.url)
-	if err != nil {
-		return err
-	}
-	defer p.kill()
-	if err := b.appendEvent(ctx, ob, index, 0, rawDoc(0)); err != nil {
-		return err
-	}
-	if err := at.waitAcked(ctx, 1, time.Minute, p); err != nil {
-		return err
-	}
-	stopWatch()
+	defer w.close()
+	w.unwatch()
+	p := w.p
 	time.Sleep(time.Second)
 	idle, err := p.stop(30 * time.Second)
 	if err != nil {
