@@ -357,7 +357,7 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	var wait time.Duration
 	failures := 0
 	last := rd.pos
-	drained := false // the last page was full: a backlog is being read
+	backlog := false // the last page was full: a backlog is being read
 	for {
 		p, err := rd.next(ctx)
 		var fatal *PositionError
@@ -398,10 +398,10 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 			continue
 		}
 		wait = 0
-		if !drained {
+		if !backlog {
 			p = w.linger(ctx, rd, p)
 		}
-		drained = p.pos.batch != nil
+		backlog = p.pos.batch != nil
 		last = p.pos
 		select {
 		case out <- p:

@@ -261,29 +261,10 @@ func (b *bench) runBackfill(ctx context.Context, bin, schemaName, index, sourceS
 	if err := cmd.Start(); err != nil {
 		return backfillResult{}, err
 	}
-	var sampled atomic.Int64
-	stop := make(chan struct{})
-	sampling := make(chan struct{})
-	go func() {
-		defer close(sampling)
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		pid := strconv.Itoa(cmd.Process.Pid)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if v := procStatusKB(pid, "VmHWM"); v > sampled.Load() {
-					sampled.Store(v)
-				}
-			}
-		}
-	}()
+	peak := samplePeak(cmd.Process.Pid, 100*time.Millisecond)
 	err := cmd.Wait()
 	wall := time.Since(start)
-	close(stop)
-	<-sampling
+	sampled := peak.end()
 	if err != nil {
 		return backfillResult{}, fmt.Errorf("outboxd backfill: %w: %s", err, out.String())
 	}
@@ -293,7 +274,7 @@ func (b *bench) runBackfill(ctx context.Context, bin, schemaName, index, sourceS
 	}
 	res.wall = wall
 	res.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-	res.peakKB = sampled.Load()
+	res.peakKB = sampled
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		res.peakKB = max(res.peakKB, ru.Maxrss) // Linux: kB
 	}

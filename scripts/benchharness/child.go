@@ -153,6 +153,49 @@ func relayChild(ctx context.Context, args []string) error {
 	return json.NewEncoder(os.Stdout).Encode(res)
 }
 
+// peakSampler keeps the largest VmHWM of a child process. VmHWM is itself
+// a peak, but it is gone once the process is reaped: sampling while it
+// runs keeps the last moments too.
+type peakSampler struct {
+	pid  string
+	kb   atomic.Int64
+	stop chan struct{}
+	done chan struct{}
+}
+
+func samplePeak(pid int, every time.Duration) *peakSampler {
+	s := &peakSampler{pid: strconv.Itoa(pid), stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			s.now()
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+// now reads VmHWM once more and returns the largest seen, kB.
+func (s *peakSampler) now() int64 {
+	if v := procStatusKB(s.pid, "VmHWM"); v > s.kb.Load() {
+		s.kb.Store(v)
+	}
+	return s.kb.Load()
+}
+
+// end stops sampling and returns the largest VmHWM seen, kB.
+func (s *peakSampler) end() int64 {
+	close(s.stop)
+	<-s.done
+	return s.kb.Load()
+}
+
 // procStatusKB reads one "Key: N kB" line of /proc/<pid>/status.
 func procStatusKB(pid, key string) int64 {
 	f, err := os.Open("/proc/" + pid + "/status")
@@ -191,25 +234,9 @@ func (b *bench) runChild(ctx context.Context, schemaName string, n int, pageDocs
 	if err := cmd.Start(); err != nil {
 		return childResult{}, err
 	}
-	var sampled atomic.Int64
-	stop := make(chan struct{})
-	go func() {
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		pid := strconv.Itoa(cmd.Process.Pid)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				if v := procStatusKB(pid, "VmHWM"); v > sampled.Load() {
-					sampled.Store(v)
-				}
-			}
-		}
-	}()
+	peak := samplePeak(cmd.Process.Pid, 200*time.Millisecond)
 	err := cmd.Wait()
-	close(stop)
+	sampled := peak.end()
 	if err != nil {
 		return childResult{}, fmt.Errorf("relay child: %w", err)
 	}
@@ -218,8 +245,8 @@ func (b *bench) runChild(ctx context.Context, schemaName string, n int, pageDocs
 		return childResult{}, fmt.Errorf("relay child: bad report %q: %w", out.String(), err)
 	}
 	res.CPU = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
-	if s := sampled.Load(); s > res.VmHWMKB {
-		res.VmHWMKB = s
+	if sampled > res.VmHWMKB {
+		res.VmHWMKB = sampled
 	}
 	return res, nil
 }

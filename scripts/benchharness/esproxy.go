@@ -47,6 +47,15 @@ type esProxy struct {
 	onAck atomic.Pointer[func(id []byte, at int64)]
 }
 
+// startESProxy is the proxy in front of the run's Elasticsearch, which the
+// scenarios that run `outboxd relay` need.
+func (b *bench) startESProxy() (*esProxy, error) {
+	if b.es == nil {
+		return nil, fmt.Errorf("ELASTICSEARCH_URL: not set")
+	}
+	return startESProxy()
+}
+
 func startESProxy() (*esProxy, error) {
 	target, err := url.Parse(indexer.SplitAddresses(os.Getenv("ELASTICSEARCH_URL"))[0])
 	if err != nil {

@@ -41,10 +41,7 @@ func (r lowResult) cpuPerK() float64 {
 // trickle, at the latency goal's rate and near full use, and charges it
 // its own CPU and its PostgreSQL backends' per 1,000 events.
 func (b *bench) lowrateScenario(ctx context.Context) error {
-	if b.es == nil {
-		return fmt.Errorf("ELASTICSEARCH_URL: not set")
-	}
-	proxy, err := startESProxy()
+	proxy, err := b.startESProxy()
 	if err != nil {
 		return err
 	}
@@ -178,10 +175,7 @@ func (b *bench) indexBulkOps(ctx context.Context, index string) int64 {
 // idleScenario runs `outboxd relay` with nothing to deliver and charges it
 // its own CPU and its PostgreSQL backends' as a share of one core.
 func (b *bench) idleScenario(ctx context.Context) error {
-	if b.es == nil {
-		return fmt.Errorf("ELASTICSEARCH_URL: not set")
-	}
-	proxy, err := startESProxy()
+	proxy, err := b.startESProxy()
 	if err != nil {
 		return err
 	}

@@ -34,10 +34,7 @@ func bigDoc(g int64, kb int) []byte {
 // them, and delivering one very large document.
 func (b *bench) memoryScenario(ctx context.Context) error {
 	cfg := b.cfg
-	if b.es == nil {
-		return fmt.Errorf("ELASTICSEARCH_URL: not set")
-	}
-	proxy, err := startESProxy()
+	proxy, err := b.startESProxy()
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,7 +27,7 @@ type relayProc struct {
 	err    error
 	log    *tailBuffer
 
-	hwm atomic.Int64 // largest VmHWM seen, kB
+	peak *peakSampler
 }
 
 // startRelay starts `outboxd relay` on schemaName delivering only index
@@ -51,12 +49,13 @@ func (b *bench) startRelay(ctx context.Context, schemaName, index, esURL string,
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w (scripts/bench builds it; or set -outboxd)", b.cfg.outboxd, err)
 	}
+	p.peak = samplePeak(cmd.Process.Pid, 100*time.Millisecond)
 	go func() {
 		p.err = cmd.Wait()
+		p.peak.end()
 		p.exitAt = time.Now()
 		close(p.exited)
 	}()
-	go p.sampleHWM()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if ready(ctx, "http://"+addr+"/readyz") {
@@ -100,31 +99,8 @@ func freePort() (string, error) {
 
 func (p *relayProc) pid() int { return p.cmd.Process.Pid }
 
-// sampleHWM keeps the largest VmHWM of the process; VmHWM is itself a
-// peak, so sampling only guards against missing the last moments.
-func (p *relayProc) sampleHWM() {
-	pid := strconv.Itoa(p.pid())
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if v := procStatusKB(pid, "VmHWM"); v > p.hwm.Load() {
-			p.hwm.Store(v)
-		}
-		select {
-		case <-p.exited:
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // peakRSS is the process's VmHWM now (or the last sampled one).
-func (p *relayProc) peakRSS() int64 {
-	if v := procStatusKB(strconv.Itoa(p.pid()), "VmHWM"); v > p.hwm.Load() {
-		p.hwm.Store(v)
-	}
-	return p.hwm.Load()
-}
+func (p *relayProc) peakRSS() int64 { return p.peak.now() }
 
 // stop sends SIGTERM and returns how long the process took to exit.
 func (p *relayProc) stop(timeout time.Duration) (time.Duration, error) {

@@ -11,10 +11,7 @@ import (
 // in the middle of draining a backlog, where it first finishes the bulk
 // requests it has in flight (the proxy sees when their answers arrive).
 func (b *bench) shutdownScenario(ctx context.Context) error {
-	if b.es == nil {
-		return fmt.Errorf("ELASTICSEARCH_URL: not set")
-	}
-	proxy, err := startESProxy()
+	proxy, err := b.startESProxy()
 	if err != nil {
 		return err
 	}
