@@ -36,8 +36,8 @@ func relayMemoryLimit(spec string, f relayFlags, streams int) (int64, error) {
 }
 
 // parseBytes reads a size such as 512MiB, 2GiB, 300MB or 1048576.
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
+func parseBytes(in string) (int64, error) {
+	s := strings.TrimSpace(in)
 	units := []struct {
 		suffix string
 		mult   int64
@@ -51,7 +51,7 @@ func parseBytes(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("want auto, off, or a size such as 512MiB, got %q", s)
+		return 0, fmt.Errorf("want auto, off, or a size such as 512MiB, got %q", in)
 	}
 	return n * mult, nil
 }
