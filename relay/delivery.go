@@ -451,7 +451,13 @@ func (w *streamWriter) linger(ctx context.Context, rd *reader, p page) page {
 		}
 		q, err := rd.next(ctx)
 		if err != nil {
-			break // the read loop meets it again on its next read
+			// A failed read leaves rd's position at the end of p, so p
+			// goes on as it is and the read loop reads the rest again.
+			if ctx.Err() == nil {
+				w.r.metrics.readErrors.WithLabelValues(w.stream.Name).Inc()
+				w.r.log.Warn("relay: read failed while lingering; handing on the page as read so far", "stream", w.stream.Name, "events", len(p.events), "err", err)
+			}
+			break
 		}
 		p.events = append(p.events, q.events...)
 		p.bytes += q.bytes

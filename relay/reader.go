@@ -145,16 +145,16 @@ func (r *reader) filter(next int) (string, []any) {
 	return b.String(), args
 }
 
-// pageSQL reads the next events of a batch. The first branch picks up the
+// pageSQL reads the next events of a batch after from. The first branch picks up the
 // late committers (in progress in done, visible now); the second, the
 // transactions that started after done. Both follow the (xid, id) index.
 // Without an explicit batch snapshot, the statement's own snapshot is the
 // batch's upper bound. Parameters: $1 done's in-progress xids, $2 $3 the
 // cursor, $4 the page size, $5 done's xmax, then the stream filter, then
 // the batch snapshot.
-func (r *reader) pageSQL(batch *Snapshot) (string, []any) {
+func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
 	f, fargs := r.filter(6)
-	args := append([]any{r.pos.done.Xip, r.pos.cursorXID, r.pos.cursorID, r.limit(), r.pos.done.Xmax}, fargs...)
+	args := append([]any{from.done.Xip, from.cursorXID, from.cursorID, r.limit(), from.done.Xmax}, fargs...)
 	upper := "pg_current_snapshot()"
 	if batch != nil {
 		args = append(args, batch.String())
@@ -175,16 +175,27 @@ func (r *reader) pageSQL(batch *Snapshot) (string, []any) {
 
 // next reads one page and advances the reader's own position (not the
 // stream's acknowledged one: the writer persists that after the sink).
+//
+// The position moves only once the whole read has succeeded, rows and the
+// end of the statement or transaction included: a read that fails at any
+// point leaves r.pos where it was, so the retry reads the same events
+// again. Moving it earlier skipped a page whose COMMIT answer was lost.
 func (r *reader) next(ctx context.Context) (page, error) {
 	if r.pos.batch == nil {
 		return r.nextBatch(ctx)
 	}
-	sql, args := r.pageSQL(r.pos.batch)
+	sql, args := r.pageSQL(r.pos, r.pos.batch)
 	rows, err := r.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
-	return r.collect(rows)
+	// rows.Err, checked in collect, reports the statement's end.
+	p, err := r.collect(rows, r.pos)
+	if err != nil {
+		return page{}, err
+	}
+	r.advance(p)
+	return p, nil
 }
 
 // nextBatch takes a new snapshot and reads the first page under it, in one
@@ -200,8 +211,8 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 	// A pipeline cut short by an error leaves its transaction open; the
 	// pool closes such a connection on release rather than reuse it.
 	defer conn.Release()
-	r.pos.cursorXID, r.pos.cursorID = 0, 0
-	sql, args := r.pageSQL(nil)
+	from := position{done: r.pos.done} // a new batch starts at no cursor
+	sql, args := r.pageSQL(from, nil)
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
 	b.Queue(`SELECT pg_current_snapshot()::text`)
@@ -220,32 +231,43 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 	if err != nil {
 		return page{}, err
 	}
-	if snap.Xmax < r.pos.done.Xmax {
+	if snap.Xmax < from.done.Xmax {
 		// xid8 never goes backwards in one cluster; it does after a dump
 		// and restore into another. Guessing would skip or replay events.
 		return page{}, &PositionError{Stream: r.stream.Name, Reason: fmt.Sprintf(
-			"the database's transaction counter (%d) is behind the stored position (%d): was it restored or replaced? Reset the stream's progress deliberately", snap.Xmax, r.pos.done.Xmax)}
+			"the database's transaction counter (%d) is behind the stored position (%d): was it restored or replaced? Reset the stream's progress deliberately", snap.Xmax, from.done.Xmax)}
 	}
-	if snap.Xmax == r.pos.done.Xmax && len(finishedSince(r.pos.done, snap)) == 0 {
-		// Nothing has committed since done: the page read is empty.
+	if snap.Xmax == from.done.Xmax && len(finishedSince(from.done, snap)) == 0 {
+		// Nothing has committed since done: the page read is empty, and
+		// the position stays.
 		return page{pos: r.pos}, nil
 	}
 	rows, err := br.Query()
 	if err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
-	r.pos.batch = &snap
-	p, err := r.collect(rows)
+	from.batch = &snap
+	p, err := r.collect(rows, from)
 	if err != nil {
 		return page{}, err
 	}
+	// The page counts as read only with COMMIT's answer and the end of
+	// the pipeline in hand: until then the connection may still fail,
+	// and the caller would drop the page while the position went past it.
 	if _, err := br.Exec(); err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
+	if err := br.Close(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	r.advance(p)
 	return p, nil
 }
 
-func (r *reader) collect(rows pgx.Rows) (page, error) {
+// collect reads a page's rows and computes, without moving r.pos, the
+// position reached from `from` (whose batch is the one being read) once
+// they are handled.
+func (r *reader) collect(rows pgx.Rows, from position) (page, error) {
 	defer rows.Close()
 	var p page
 	full := false
@@ -275,14 +297,21 @@ func (r *reader) collect(rows pgx.Rows) (page, error) {
 	if err := rows.Err(); err != nil {
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
+	p.pos = from
 	if n := len(p.events); n > 0 {
-		r.avgSize = max(1, p.bytes/n)
-		r.pos.cursorXID, r.pos.cursorID = p.events[n-1].XID, p.events[n-1].ID
+		p.pos.cursorXID, p.pos.cursorID = p.events[n-1].XID, p.events[n-1].ID
 	}
 	if !full {
 		// The batch is exhausted: everything visible in it is read.
-		r.pos = position{done: *r.pos.batch}
+		p.pos = position{done: *from.batch}
 	}
-	p.pos = r.pos
 	return p, nil
+}
+
+// advance takes the position of a page whose read fully succeeded.
+func (r *reader) advance(p page) {
+	r.pos = p.pos
+	if n := len(p.events); n > 0 {
+		r.avgSize = max(1, p.bytes/n)
+	}
 }
