@@ -58,7 +58,7 @@ func declareBackfillCursor(ctx context.Context, tx pgx.Tx, o BackfillOptions, af
 
 // sourceShape is what the columns of SourceSQL are.
 type sourceShape struct {
-	keyType string // the SQL name of the id's type, from the catalog (quoted as needed)
+	keyType string // the SQL name of the id's type with its modifier, from the catalog (quoted as needed)
 	cols    int    // 3 or 4
 	docOID  uint32 // the document's type
 }
@@ -74,7 +74,9 @@ func backfillSourceShape(ctx context.Context, tx pgx.Tx, sql string) (sourceShap
 		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", sh.cols)
 	}
 	sh.docOID = sd.Fields[2].DataTypeOID
-	if err := tx.QueryRow(ctx, `SELECT format_type($1, NULL)`, sd.Fields[0].DataTypeOID).Scan(&sh.keyType); err != nil {
+	// With its modifier: char(8), not character (which is char(1), and
+	// would cut the stored key to its first letter); numeric(10,2).
+	if err := tx.QueryRow(ctx, `SELECT format_type($1, nullif($2::int, -1))`, sd.Fields[0].DataTypeOID, sd.Fields[0].TypeModifier).Scan(&sh.keyType); err != nil {
 		return sourceShape{}, fmt.Errorf("indexer: backfill: %w", err)
 	}
 	return sh, nil
