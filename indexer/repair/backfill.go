@@ -121,9 +121,10 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	// are taken in reading order, so the stored key only ever covers rows
 	// the sink answered for.
 	type pending struct {
-		last string
-		rows int
-		done chan batchResult
+		last     string
+		rows     int
+		rejected []BackfillReject // before the sink
+		done     chan batchResult
 	}
 	slots := make(chan struct{}, o.InFlight)
 	queue := make(chan pending, o.InFlight)
@@ -136,8 +137,8 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 		defer close(reading)
 		defer close(queue)
 		for {
-			events, err := fetchBackfill(rctx, tx, o)
-			if err != nil || len(events) == 0 {
+			b, err := fetchBackfillBatch(rctx, tx, o)
+			if err != nil || b.rows == 0 {
 				readErr <- err
 				return
 			}
@@ -147,8 +148,8 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 				readErr <- rctx.Err()
 				return
 			}
-			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
-			go func() { p.done <- sendBackfill(rctx, o, write, events) }()
+			p := pending{last: b.last, rows: b.rows, rejected: b.rejected, done: make(chan batchResult, 1)}
+			go func() { p.done <- sendBackfill(rctx, o, write, b.events) }()
 			queue <- p // never blocks: a slot is taken
 		}
 	}()
@@ -159,6 +160,7 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 			cancel()
 			return rep, r.err
 		}
+		r.rejected = append(p.rejected, r.rejected...)
 		if err := st.store(ctx, p.last, int64(p.rows), r); err != nil {
 			cancel()
 			return rep, err
@@ -319,7 +321,7 @@ ON CONFLICT (index_name) DO UPDATE SET source_hash = EXCLUDED.source_hash, last_
 }
 
 func (s *backfillState) store(ctx context.Context, last string, rows int64, r batchResult) error {
-	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_key = $2, rows_read = rows_read + $3, applied = applied + $4,
+	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_key = coalesce(nullif($2, ''), last_key), rows_read = rows_read + $3, applied = applied + $4,
 	stale = stale + $5, rejected = rejected + $6, updated_at = now() WHERE index_name = $1`,
 		s.index, last, rows, r.applied, r.stale, len(r.rejected))
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -74,6 +76,11 @@ func backfillSourceShape(ctx context.Context, tx pgx.Tx, sql string) (sourceShap
 		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", sh.cols)
 	}
 	sh.docOID = sd.Fields[2].DataTypeOID
+	if sh.cols == 4 && sd.Fields[3].DataTypeOID != pgtype.BoolOID {
+		var typ string
+		_ = tx.QueryRow(ctx, `SELECT format_type($1, NULL)`, sd.Fields[3].DataTypeOID).Scan(&typ)
+		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: the fourth column (deleted) is of type %s; want boolean", typ)
+	}
 	// With its modifier: char(8), not character (which is char(1), and
 	// would cut the stored key to its first letter); numeric(10,2).
 	if err := tx.QueryRow(ctx, `SELECT format_type($1, nullif($2::int, -1))`, sd.Fields[0].DataTypeOID, sd.Fields[0].TypeModifier).Scan(&sh.keyType); err != nil {
@@ -93,7 +100,7 @@ func backfillCursorSQL(sql, keyType string, cols int, resume bool) string {
 		key = `src.id::text COLLATE "C"`
 		after = "current_setting('outboxd.backfill_after')"
 	}
-	names, out := "id, version, document", "src.id::text, src.version, src.document"
+	names, out := "id, version, document", "src.id::text, src.version::text, src.document"
 	if cols == 4 {
 		names, out = names+", deleted", out+", src.deleted"
 	}
@@ -120,40 +127,112 @@ func estimateRows(ctx context.Context, tx pgx.Tx, sql string) int64 {
 	return int64(plan[0].Plan.Rows)
 }
 
-// fetchBackfill reads the next batch of rows as events. Each row is
-// scanned straight into its place in the batch: no per-row allocation but
-// the id and the document's bytes.
-func fetchBackfill(ctx context.Context, tx pgx.Tx, o BackfillOptions) ([]outbox.Event, error) {
+// backfillBatch is the rows of one FETCH: the events for the sink, and
+// the rows rejected before it, each by its own id.
+type backfillBatch struct {
+	events   []outbox.Event
+	rejected []BackfillReject
+	rows     int    // rows read, rejected ones included
+	last     string // the id of the last row read with an id
+}
+
+// fetchBackfillBatch reads the next batch of rows. Each row is scanned
+// straight into its place in the batch: no per-row allocation but the id,
+// the version's text and the document's bytes.
+func fetchBackfillBatch(ctx context.Context, tx pgx.Tx, o BackfillOptions) (backfillBatch, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", o.Batch))
 	if err != nil {
-		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+		return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
 	}
 	defer rows.Close()
 	var (
-		deleted bool
-		dest    = []any{nil, nil, nil, &deleted}[:len(rows.FieldDescriptions())]
-		events  = make([]outbox.Event, 0, o.Batch)
+		row backfillRow
+		b   = backfillBatch{events: make([]outbox.Event, 0, o.Batch)}
 	)
+	dest := []any{&row.id, &row.version, &row.document, &row.deleted}[:len(rows.FieldDescriptions())]
 	for rows.Next() {
-		events = append(events, outbox.Event{IndexName: o.Index, Op: outbox.OpUpsert})
-		e := &events[len(events)-1]
-		dest[0], dest[1], dest[2], deleted = &e.SourceID, &e.Version, (*[]byte)(&e.Document), false
+		row = backfillRow{hasDeleted: len(dest) == 4}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", lastID(events[:len(events)-1]), err)
+			return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.last, err)
 		}
-		if deleted {
+		b.rows++
+		if row.id.Valid {
+			b.last = row.id.String
+		}
+		e := outbox.Event{IndexName: o.Index}
+		if reason := row.event(&e); reason != "" {
+			b.rejected = append(b.rejected, BackfillReject{ID: row.id.String, Reason: reason})
+			continue
+		}
+		b.events = append(b.events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	return b, nil
+}
+
+// fetchBackfill reads the next batch of rows as events; a row that cannot
+// be read is an error naming it.
+func fetchBackfill(ctx context.Context, tx pgx.Tx, o BackfillOptions) ([]outbox.Event, error) {
+	b, err := fetchBackfillBatch(ctx, tx, o)
+	if err == nil && len(b.rejected) > 0 {
+		err = fmt.Errorf("indexer: backfill: source_sql: row %q: %s", b.rejected[0].ID, b.rejected[0].Reason)
+	}
+	return b.events, err
+}
+
+// backfillRow is one row of the cursor as it was read: the id and version
+// as text, so that a NULL, a fractional or a non-numeric value is that
+// row's rejection rather than a scan error that stops the whole backfill.
+type backfillRow struct {
+	id, version pgtype.Text
+	document    []byte
+	deleted     pgtype.Bool
+	hasDeleted  bool
+}
+
+// event fills e from the row, or returns why the row cannot be written,
+// naming the column. Every check of a row before it goes to the sink is
+// here; the sink then checks it as it checks any event.
+func (r *backfillRow) event(e *outbox.Event) (reject string) {
+	e.SourceID, e.Op, e.Document = r.id.String, outbox.OpUpsert, r.document
+	if !r.id.Valid {
+		return "id: NULL; want the row's key"
+	}
+	if !r.version.Valid {
+		return "version: NULL; want an integer >= 1"
+	}
+	v, err := parseBackfillVersion(r.version.String)
+	if err != nil {
+		return "version: " + err.Error()
+	}
+	e.Version = v
+	if r.hasDeleted {
+		if !r.deleted.Valid {
+			return "deleted: NULL; want true or false"
+		}
+		if r.deleted.Bool {
 			e.Op, e.Document = outbox.OpDelete, nil
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
-	}
-	return events, nil
+	return ""
 }
 
-func lastID(events []outbox.Event) string {
-	if len(events) == 0 {
-		return ""
+// parseBackfillVersion reads the text of a version column of any type: an
+// integer, or a numeric whose fraction is zero (2.00).
+func parseBackfillVersion(s string) (int64, error) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err == nil {
+		return v, nil
 	}
-	return events[len(events)-1].SourceID
+	if whole, frac, ok := strings.Cut(s, "."); ok && strings.Trim(frac, "0") == "" {
+		if v, err := strconv.ParseInt(whole, 10, 64); err == nil {
+			return v, nil
+		}
+	}
+	if _, err := strconv.ParseFloat(s, 64); err == nil {
+		return 0, fmt.Errorf("%s is not a whole number in the bigint range", s)
+	}
+	return 0, fmt.Errorf("%q is not an integer", s)
 }
