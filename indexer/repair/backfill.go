@@ -40,8 +40,12 @@ type BackfillOptions struct {
 	SourceSQL string
 	// Restart starts over even when an interrupted backfill of Index could
 	// be continued.
-	Restart       bool
-	Batch         int           // rows per FETCH and per Sink.Write; default 4000
+	Restart bool
+	Batch   int // rows per Sink.Write at most; default 4000
+	// BatchBytes bounds a batch by the bytes of its ids and documents too,
+	// whatever a row weighs (a row larger alone is a batch of its own);
+	// default 8 MiB. Memory holds InFlight + 1 batches and one row.
+	BatchBytes    int
 	InFlight      int           // batches at the sink at once; default 2
 	MaxAttempts   int           // tries of an event answered Retry; default 10
 	SourceTimeout time.Duration // statement timeout of each FETCH; default 10m
@@ -133,11 +137,13 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	reading := make(chan struct{})
 	// Before the deferred rollback: the reader must be off the connection.
 	defer func() { cancel(); <-reading }()
+	rd := &backfillReader{tx: tx, o: o}
 	go func() {
 		defer close(reading)
 		defer close(queue)
+		defer rd.close()
 		for {
-			b, err := fetchBackfillBatch(rctx, tx, o)
+			b, err := rd.next(rctx)
 			if err != nil || b.rows == 0 {
 				readErr <- err
 				return
@@ -201,6 +207,9 @@ func (o *BackfillOptions) defaults() error {
 	}
 	if o.Batch <= 0 {
 		o.Batch = 4000
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 8 << 20
 	}
 	if o.InFlight <= 0 {
 		o.InFlight = 2

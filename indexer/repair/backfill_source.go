@@ -127,59 +127,146 @@ func estimateRows(ctx context.Context, tx pgx.Tx, sql string) int64 {
 	return int64(plan[0].Plan.Rows)
 }
 
-// backfillBatch is the rows of one FETCH: the events for the sink, and
-// the rows rejected before it, each by its own id.
+// backfillBatch is one batch of rows: the events for the sink, and the
+// rows rejected before it, each by its own id.
 type backfillBatch struct {
 	events   []outbox.Event
 	rejected []BackfillReject
 	rows     int    // rows read, rejected ones included
+	bytes    int    // of ids and documents
 	last     string // the id of the last row read with an id
 }
 
-// fetchBackfillBatch reads the next batch of rows. Each row is scanned
-// straight into its place in the batch: no per-row allocation but the id,
-// the version's text and the document's bytes.
-func fetchBackfillBatch(ctx context.Context, tx pgx.Tx, o BackfillOptions) (backfillBatch, error) {
-	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", o.Batch))
-	if err != nil {
-		return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+func (b *backfillBatch) add(r *backfillRow, index string) {
+	b.rows++
+	b.bytes += r.size()
+	if r.id.Valid {
+		b.last = r.id.String
 	}
-	defer rows.Close()
-	var (
-		row backfillRow
-		b   = backfillBatch{events: make([]outbox.Event, 0, o.Batch)}
-	)
-	dest := []any{&row.id, &row.version, &row.document, &row.deleted}[:len(rows.FieldDescriptions())]
-	for rows.Next() {
-		row = backfillRow{hasDeleted: len(dest) == 4}
-		if err := rows.Scan(dest...); err != nil {
-			return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.last, err)
+	e := outbox.Event{IndexName: index}
+	if reason := r.event(&e); reason != "" {
+		b.rejected = append(b.rejected, BackfillReject{ID: r.id.String, Reason: reason})
+		return
+	}
+	b.events = append(b.events, e)
+}
+
+// backfillReader cuts the cursor's rows into batches of at most Batch
+// rows and BatchBytes bytes (or one row, when that row alone is larger),
+// whatever the rows weigh. Each FETCH asks for as many rows as the
+// largest row of the previous one says fit in what the batch has left; a
+// FETCH that returns more than fits is read on into the next batch rather
+// than held whole, so memory never exceeds a batch and one row.
+type backfillReader struct {
+	tx      pgx.Tx
+	o       BackfillOptions
+	rows    pgx.Rows // the FETCH being read, nil between them
+	asked   int      // rows it asked for
+	got     int      // rows it returned so far
+	largest int      // the largest row of the last FETCH
+	held    *backfillRow
+	done    bool // a FETCH returned fewer rows than it asked for
+}
+
+// firstFetch is how many rows the first FETCH asks for, before any row's
+// size is known.
+const firstFetch = 64
+
+func (r *backfillReader) next(ctx context.Context) (backfillBatch, error) {
+	b := backfillBatch{events: make([]outbox.Event, 0, min(r.o.Batch, 1024))}
+	if r.held != nil {
+		b.add(r.held, r.o.Index)
+		r.held = nil
+	}
+	for b.rows < r.o.Batch {
+		if r.rows == nil {
+			if r.done {
+				break
+			}
+			if err := r.fetch(ctx, &b); err != nil {
+				return backfillBatch{}, err
+			}
 		}
-		b.rows++
-		if row.id.Valid {
-			b.last = row.id.String
-		}
-		e := outbox.Event{IndexName: o.Index}
-		if reason := row.event(&e); reason != "" {
-			b.rejected = append(b.rejected, BackfillReject{ID: row.id.String, Reason: reason})
+		if !r.rows.Next() {
+			err := r.rows.Err()
+			r.rows.Close()
+			r.rows = nil
+			if err != nil {
+				return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+			}
+			r.done = r.got < r.asked
 			continue
 		}
-		b.events = append(b.events, e)
-	}
-	if err := rows.Err(); err != nil {
-		return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+		row := &backfillRow{}
+		if err := scanBackfillRow(r.rows, row); err != nil {
+			return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.last, err)
+		}
+		r.got++
+		r.largest = max(r.largest, row.size())
+		if b.rows > 0 && b.bytes+row.size() > r.o.BatchBytes {
+			r.held = row
+			break
+		}
+		b.add(row, r.o.Index)
 	}
 	return b, nil
 }
 
-// fetchBackfill reads the next batch of rows as events; a row that cannot
+// fetch starts the next FETCH, sized by the largest row seen so far.
+func (r *backfillReader) fetch(ctx context.Context, b *backfillBatch) error {
+	n := r.o.Batch - b.rows
+	if r.largest == 0 {
+		n = min(n, firstFetch)
+	} else {
+		n = min(n, max(1, (r.o.BatchBytes-b.bytes)/r.largest))
+	}
+	rows, err := r.tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", n))
+	if err != nil {
+		return fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	r.rows, r.asked, r.got, r.largest = rows, n, 0, 0
+	return nil
+}
+
+// close ends a FETCH left open by an error or a cancellation.
+func (r *backfillReader) close() {
+	if r.rows != nil {
+		r.rows.Close()
+		r.rows = nil
+	}
+}
+
+// fetchBackfill reads the next o.Batch rows as events; a row that cannot
 // be read is an error naming it.
 func fetchBackfill(ctx context.Context, tx pgx.Tx, o BackfillOptions) ([]outbox.Event, error) {
-	b, err := fetchBackfillBatch(ctx, tx, o)
-	if err == nil && len(b.rejected) > 0 {
-		err = fmt.Errorf("indexer: backfill: source_sql: row %q: %s", b.rejected[0].ID, b.rejected[0].Reason)
+	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", o.Batch))
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
 	}
-	return b.events, err
+	defer rows.Close()
+	b := backfillBatch{events: make([]outbox.Event, 0, o.Batch)}
+	for rows.Next() {
+		var row backfillRow
+		if err := scanBackfillRow(rows, &row); err != nil {
+			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.last, err)
+		}
+		if b.add(&row, o.Index); len(b.rejected) > 0 {
+			return nil, fmt.Errorf("indexer: backfill: source_sql: row %q: %s", b.rejected[0].ID, b.rejected[0].Reason)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	return b.events, nil
+}
+
+// scanBackfillRow reads the cursor's current row into r.
+func scanBackfillRow(rows pgx.Rows, r *backfillRow) error {
+	r.hasDeleted = len(rows.FieldDescriptions()) == 4
+	if r.hasDeleted {
+		return rows.Scan(&r.id, &r.version, &r.document, &r.deleted)
+	}
+	return rows.Scan(&r.id, &r.version, &r.document)
 }
 
 // backfillRow is one row of the cursor as it was read: the id and version
@@ -191,6 +278,9 @@ type backfillRow struct {
 	deleted     pgtype.Bool
 	hasDeleted  bool
 }
+
+// size is what the row weighs in a batch.
+func (r *backfillRow) size() int { return len(r.id.String) + len(r.document) }
 
 // event fills e from the row, or returns why the row cannot be written,
 // naming the column. Every check of a row before it goes to the sink is
