@@ -2,8 +2,6 @@ package repair
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +13,6 @@ import (
 
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/outbox"
-	"github.com/outboxd/outboxd/schema"
 )
 
 // BackfillOptions says what Backfill reads and where it writes.
@@ -91,6 +88,7 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer st.close()
 	rep := &BackfillReport{Index: o.Index, From: st.after}
 	if st.after != "" {
 		o.Logger.Info("backfill resumed", "index", o.Index, "after", st.after)
@@ -284,66 +282,6 @@ func sendBackfill(ctx context.Context, o BackfillOptions, write func(context.Con
 		delay = min(2*delay, 5*time.Second)
 	}
 	return r
-}
-
-// backfillState is the row of the backfills table for one index.
-type backfillState struct {
-	pool  *pgxpool.Pool
-	table string
-	index string
-	after string
-}
-
-func openBackfillState(ctx context.Context, o BackfillOptions) (*backfillState, error) {
-	id, err := schema.Ident(o.Schema)
-	if err != nil {
-		return nil, fmt.Errorf("indexer: backfill: schema: %w", err)
-	}
-	sum := sha256.Sum256([]byte(o.SourceSQL))
-	hash := hex.EncodeToString(sum[:])
-	st := &backfillState{pool: o.Pool, table: id + ".backfills", index: o.Index}
-	var (
-		have     string
-		last     *string
-		finished bool
-	)
-	err = o.Pool.QueryRow(ctx, `SELECT source_hash, last_key, finished_at IS NOT NULL FROM `+st.table+` WHERE index_name = $1`, o.Index).Scan(&have, &last, &finished)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, fmt.Errorf("indexer: backfill: reading progress: %w", err)
-	case !finished && !o.Restart && have != hash:
-		return nil, fmt.Errorf("indexer: backfill: index %s: an unfinished backfill with another source_sql stopped after id %q; pass the same SQL to continue it, or restart to start over", o.Index, deref(last))
-	case !finished && !o.Restart && last != nil:
-		st.after = *last
-	}
-	if st.after != "" {
-		return st, nil
-	}
-	_, err = o.Pool.Exec(ctx, `INSERT INTO `+st.table+` (index_name, source_hash) VALUES ($1, $2)
-ON CONFLICT (index_name) DO UPDATE SET source_hash = EXCLUDED.source_hash, last_key = NULL, rows_read = 0, applied = 0, stale = 0, rejected = 0,
-	started_at = now(), updated_at = now(), finished_at = NULL`, o.Index, hash)
-	if err != nil {
-		return nil, fmt.Errorf("indexer: backfill: storing progress: %w", err)
-	}
-	return st, nil
-}
-
-func (s *backfillState) store(ctx context.Context, last string, rows int64, r batchResult) error {
-	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_key = coalesce(nullif($2, ''), last_key), rows_read = rows_read + $3, applied = applied + $4,
-	stale = stale + $5, rejected = rejected + $6, updated_at = now() WHERE index_name = $1`,
-		s.index, last, rows, r.applied, r.stale, len(r.rejected))
-	if err != nil {
-		return fmt.Errorf("indexer: backfill: storing progress: %w", err)
-	}
-	return nil
-}
-
-func (s *backfillState) finish(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET finished_at = now(), updated_at = now() WHERE index_name = $1`, s.index); err != nil {
-		return fmt.Errorf("indexer: backfill: storing progress: %w", err)
-	}
-	return nil
 }
 
 func deref(s *string) string {
