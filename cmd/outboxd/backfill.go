@@ -44,6 +44,8 @@ of the id's own type: return the table's key as it is (id, not id::text)
 and they are read through its index, without sorting the table. Progress
 is stored in <schema>.backfills after every acknowledged batch; run the
 same command again after a crash to continue after the last stored id.
+One backfill of an index runs at a time: a second one is refused, naming
+the running one.
 
 Exit status: 0 every row applied or stale; 3 some rows were rejected (listed).
 
