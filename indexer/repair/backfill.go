@@ -49,6 +49,11 @@ type BackfillOptions struct {
 	OutageTimeout time.Duration // how long a whole-sink outage is waited out; default 5m
 	Progress      *Progress
 	Logger        *slog.Logger // nil discards
+
+	// afterStore, when set, is called after each batch's progress is
+	// stored, with the count of batches stored: tests interrupt a run at
+	// a known batch through it.
+	afterStore func(batches int)
 }
 
 // BackfillReport is what Backfill did.
@@ -157,7 +162,14 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 			queue <- p // never blocks: a slot is taken
 		}
 	}()
+	stored := 0
 	for p := range queue {
+		if err := ctx.Err(); err != nil {
+			// Stopped: what the sink answered since is sent again next
+			// time, which the gate makes harmless.
+			cancel()
+			return rep, err
+		}
 		r := <-p.done
 		<-slots
 		if r.err != nil {
@@ -179,6 +191,9 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 			}
 		}
 		o.Progress.Add(int64(p.rows))
+		if stored++; o.afterStore != nil {
+			o.afterStore(stored)
+		}
 	}
 	if err := <-readErr; err != nil {
 		return rep, err
