@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -321,8 +322,11 @@ func parseBackfillVersion(s string) (int64, error) {
 			return v, nil
 		}
 	}
-	if _, err := strconv.ParseFloat(s, 64); err == nil {
-		return 0, fmt.Errorf("%s is not a whole number in the bigint range", s)
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if f != math.Trunc(f) {
+			return 0, fmt.Errorf("%s is not a whole number", s)
+		}
+		return 0, fmt.Errorf("%s is out of the bigint range", s)
 	}
 	return 0, fmt.Errorf("%q is not an integer", s)
 }
