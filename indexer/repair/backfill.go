@@ -83,7 +83,8 @@ type BackfillReject struct {
 // id order through a server-side cursor, InFlight batches are at the sink
 // at once, and after each batch that the sink answered, in order, the
 // last id is stored: a backfill killed at any point continues from there
-// (rows after it are sent again, which the gate makes harmless).
+// (rows after it are sent again, which the gate makes harmless). One run
+// of an index at a time: a second one is refused, naming the running one.
 func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err

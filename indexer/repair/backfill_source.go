@@ -157,7 +157,10 @@ func (b *backfillBatch) add(r *backfillRow, index string) {
 // whatever the rows weigh. Each FETCH asks for as many rows as the
 // largest row of the previous one says fit in what the batch has left; a
 // FETCH that returns more than fits is read on into the next batch rather
-// than held whole, so memory never exceeds a batch and one row.
+// than held whole, so memory never exceeds a batch and one row. (Such a
+// FETCH stays open while the batch before it waits for a slot at the
+// sink; it is at most a FETCH sized by smaller rows, so well within the
+// statement timeout.)
 type backfillReader struct {
 	tx      pgx.Tx
 	o       BackfillOptions
