@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
 )
@@ -135,38 +134,39 @@ func TestLayout(t *testing.T) {
 			before := getDoc(t, es, FirstIndex(name), "a")
 
 			// A searcher polls the name throughout; from the moment the
-			// upgrade returns it must never see a tombstone.
+			// upgrade returns it must never see a tombstone. It polls at
+			// least once before the upgrade and five times after it,
+			// counted, however slow the machine.
+			const pollsAfter = 5
 			var upgraded atomic.Bool
-			var failed, dirty, polls atomic.Int64
-			stop := make(chan struct{})
+			var failed, dirty, polls, seenAfter atomic.Int64
+			polled := make(chan struct{})
 			var wg sync.WaitGroup
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					after := upgraded.Load()
+				for seenAfter.Load() < pollsAfter {
+					up := upgraded.Load()
 					st, b := esCall(t, es, "POST", "/"+name+"/_count", tombstoneQuery)
-					polls.Add(1)
+					if polls.Add(1) == 1 {
+						close(polled)
+					}
 					var r struct{ Count int }
 					if st != 200 || json.Unmarshal(b, &r) != nil {
 						failed.Add(1)
-					} else if after && r.Count != 0 {
+					} else if up && r.Count != 0 {
 						dirty.Add(1)
+					}
+					if up {
+						seenAfter.Add(1)
 					}
 				}
 			}()
-			time.Sleep(100 * time.Millisecond)
+			<-polled
 			do(t, es, name)
 			upgraded.Store(true)
-			time.Sleep(300 * time.Millisecond)
-			close(stop)
 			wg.Wait()
-			if failed.Load() != 0 || dirty.Load() != 0 || polls.Load() < 5 {
+			if failed.Load() != 0 || dirty.Load() != 0 {
 				t.Fatalf("searcher on %s: %d polls, %d failed, %d saw a tombstone after the upgrade", name, polls.Load(), failed.Load(), dirty.Load())
 			}
 			after := getDoc(t, es, FirstIndex(name), "a")

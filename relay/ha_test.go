@@ -74,7 +74,7 @@ func TestRelayHighAvailability(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go func() { _ = ra.Run(ctx) }()
-		time.Sleep(300 * time.Millisecond) // A alone takes both partitions first
+		schematest.Eventually(t, 15*time.Second, "A alone takes both partitions first", func() bool { return len(ra.Leading()) == 2 })
 		go func() { _ = rb.Run(ctx) }()
 		schematest.Eventually(t, 15*time.Second, "one partition each", func() bool { return len(ra.Leading()) == 1 && len(rb.Leading()) == 1 })
 

@@ -23,7 +23,8 @@ func runBackfill(ctx context.Context, args []string) error {
 	index := fs.String("index", "", "index name N the rows are written to (required)")
 	sourceSQL := fs.String("source-sql", "", "query returning id, version, document[, deleted] (required)")
 	restart := fs.Bool("restart", false, "start over instead of continuing an interrupted backfill of this index")
-	batch := fs.Int("batch", 4000, "rows per cursor fetch and per sink write")
+	batch := fs.Int("batch", 4000, "rows per sink write at most")
+	batchBytes := fs.Int("batch-bytes", 8<<20, "bytes of ids and documents per sink write at most (a row larger alone is sent alone); memory holds (in-flight + 1) batches")
 	inFlight := fs.Int("in-flight", 2, "batches at Elasticsearch at once")
 	bulkDocs := fs.Int("bulk-docs", 1000, "documents per Elasticsearch bulk request")
 	bulkBytes := fs.Int("bulk-bytes", 5<<20, "bytes per Elasticsearch bulk request")
@@ -43,6 +44,8 @@ of the id's own type: return the table's key as it is (id, not id::text)
 and they are read through its index, without sorting the table. Progress
 is stored in <schema>.backfills after every acknowledged batch; run the
 same command again after a crash to continue after the last stored id.
+One backfill of an index runs at a time: a second one is refused, naming
+the running one.
 
 Exit status: 0 every row applied or stale; 3 some rows were rejected (listed).
 
@@ -58,6 +61,8 @@ Flags:
 		return fmt.Errorf("index: required (--index N)")
 	case *sourceSQL == "":
 		return fmt.Errorf("source-sql: required (a query returning id, version, document)")
+	case *batch < 1 || *batchBytes < 1:
+		return fmt.Errorf("batch, batch-bytes: must be at least 1 (got %d, %d)", *batch, *batchBytes)
 	}
 	esCfg, err := es.config()
 	if err != nil {
@@ -79,7 +84,7 @@ Flags:
 	prog := repair.NewProgress("backfill "+*index, 0, repair.ProgressOptions{})
 	rep, err := repair.Backfill(ctx, repair.BackfillOptions{
 		Pool: pool, Schema: db.schema, Sink: sink, Index: *index, SourceSQL: *sourceSQL, Restart: *restart,
-		Batch: *batch, InFlight: *inFlight, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Progress: prog,
+		Batch: *batch, BatchBytes: *batchBytes, InFlight: *inFlight, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Progress: prog,
 	})
 	prog.Finish()
 	if err != nil {

@@ -2,8 +2,6 @@ package repair
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,7 +13,6 @@ import (
 
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/outbox"
-	"github.com/outboxd/outboxd/schema"
 )
 
 // BackfillOptions says what Backfill reads and where it writes.
@@ -40,14 +37,23 @@ type BackfillOptions struct {
 	SourceSQL string
 	// Restart starts over even when an interrupted backfill of Index could
 	// be continued.
-	Restart       bool
-	Batch         int           // rows per FETCH and per Sink.Write; default 4000
+	Restart bool
+	Batch   int // rows per Sink.Write at most; default 4000
+	// BatchBytes bounds a batch by the bytes of its ids and documents too,
+	// whatever a row weighs (a row larger alone is a batch of its own);
+	// default 8 MiB. Memory holds InFlight + 1 batches and one row.
+	BatchBytes    int
 	InFlight      int           // batches at the sink at once; default 2
 	MaxAttempts   int           // tries of an event answered Retry; default 10
 	SourceTimeout time.Duration // statement timeout of each FETCH; default 10m
 	OutageTimeout time.Duration // how long a whole-sink outage is waited out; default 5m
 	Progress      *Progress
 	Logger        *slog.Logger // nil discards
+
+	// afterStore, when set, is called after each batch's progress is
+	// stored, with the count of batches stored: tests interrupt a run at
+	// a known batch through it.
+	afterStore func(batches int)
 }
 
 // BackfillReport is what Backfill did.
@@ -77,7 +83,8 @@ type BackfillReject struct {
 // id order through a server-side cursor, InFlight batches are at the sink
 // at once, and after each batch that the sink answered, in order, the
 // last id is stored: a backfill killed at any point continues from there
-// (rows after it are sent again, which the gate makes harmless).
+// (rows after it are sent again, which the gate makes harmless). One run
+// of an index at a time: a second one is refused, naming the running one.
 func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
@@ -87,6 +94,7 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer st.close()
 	rep := &BackfillReport{Index: o.Index, From: st.after}
 	if st.after != "" {
 		o.Logger.Info("backfill resumed", "index", o.Index, "after", st.after)
@@ -121,9 +129,10 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	// are taken in reading order, so the stored key only ever covers rows
 	// the sink answered for.
 	type pending struct {
-		last string
-		rows int
-		done chan batchResult
+		last     string
+		rows     int
+		rejected []BackfillReject // before the sink
+		done     chan batchResult
 	}
 	slots := make(chan struct{}, o.InFlight)
 	queue := make(chan pending, o.InFlight)
@@ -132,12 +141,14 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	reading := make(chan struct{})
 	// Before the deferred rollback: the reader must be off the connection.
 	defer func() { cancel(); <-reading }()
+	rd := &backfillReader{tx: tx, o: o}
 	go func() {
 		defer close(reading)
 		defer close(queue)
+		defer rd.close()
 		for {
-			events, err := fetchBackfill(rctx, tx, o)
-			if err != nil || len(events) == 0 {
+			b, err := rd.next(rctx)
+			if err != nil || b.rows == 0 {
 				readErr <- err
 				return
 			}
@@ -147,18 +158,26 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 				readErr <- rctx.Err()
 				return
 			}
-			p := pending{last: events[len(events)-1].SourceID, rows: len(events), done: make(chan batchResult, 1)}
-			go func() { p.done <- sendBackfill(rctx, o, write, events) }()
+			p := pending{last: b.last, rows: b.rows, rejected: b.rejected, done: make(chan batchResult, 1)}
+			go func() { p.done <- sendBackfill(rctx, o, write, b.events) }()
 			queue <- p // never blocks: a slot is taken
 		}
 	}()
+	stored := 0
 	for p := range queue {
+		if err := ctx.Err(); err != nil {
+			// Stopped: what the sink answered since is sent again next
+			// time, which the gate makes harmless.
+			cancel()
+			return rep, err
+		}
 		r := <-p.done
 		<-slots
 		if r.err != nil {
 			cancel()
 			return rep, r.err
 		}
+		r.rejected = append(p.rejected, r.rejected...)
 		if err := st.store(ctx, p.last, int64(p.rows), r); err != nil {
 			cancel()
 			return rep, err
@@ -173,6 +192,9 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 			}
 		}
 		o.Progress.Add(int64(p.rows))
+		if stored++; o.afterStore != nil {
+			o.afterStore(stored)
+		}
 	}
 	if err := <-readErr; err != nil {
 		return rep, err
@@ -199,6 +221,9 @@ func (o *BackfillOptions) defaults() error {
 	}
 	if o.Batch <= 0 {
 		o.Batch = 4000
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 8 << 20
 	}
 	if o.InFlight <= 0 {
 		o.InFlight = 2
@@ -273,66 +298,6 @@ func sendBackfill(ctx context.Context, o BackfillOptions, write func(context.Con
 		delay = min(2*delay, 5*time.Second)
 	}
 	return r
-}
-
-// backfillState is the row of the backfills table for one index.
-type backfillState struct {
-	pool  *pgxpool.Pool
-	table string
-	index string
-	after string
-}
-
-func openBackfillState(ctx context.Context, o BackfillOptions) (*backfillState, error) {
-	id, err := schema.Ident(o.Schema)
-	if err != nil {
-		return nil, fmt.Errorf("indexer: backfill: schema: %w", err)
-	}
-	sum := sha256.Sum256([]byte(o.SourceSQL))
-	hash := hex.EncodeToString(sum[:])
-	st := &backfillState{pool: o.Pool, table: id + ".backfills", index: o.Index}
-	var (
-		have     string
-		last     *string
-		finished bool
-	)
-	err = o.Pool.QueryRow(ctx, `SELECT source_hash, last_key, finished_at IS NOT NULL FROM `+st.table+` WHERE index_name = $1`, o.Index).Scan(&have, &last, &finished)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, fmt.Errorf("indexer: backfill: reading progress: %w", err)
-	case !finished && !o.Restart && have != hash:
-		return nil, fmt.Errorf("indexer: backfill: index %s: an unfinished backfill with another source_sql stopped after id %q; pass the same SQL to continue it, or restart to start over", o.Index, deref(last))
-	case !finished && !o.Restart && last != nil:
-		st.after = *last
-	}
-	if st.after != "" {
-		return st, nil
-	}
-	_, err = o.Pool.Exec(ctx, `INSERT INTO `+st.table+` (index_name, source_hash) VALUES ($1, $2)
-ON CONFLICT (index_name) DO UPDATE SET source_hash = EXCLUDED.source_hash, last_key = NULL, rows_read = 0, applied = 0, stale = 0, rejected = 0,
-	started_at = now(), updated_at = now(), finished_at = NULL`, o.Index, hash)
-	if err != nil {
-		return nil, fmt.Errorf("indexer: backfill: storing progress: %w", err)
-	}
-	return st, nil
-}
-
-func (s *backfillState) store(ctx context.Context, last string, rows int64, r batchResult) error {
-	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET last_key = $2, rows_read = rows_read + $3, applied = applied + $4,
-	stale = stale + $5, rejected = rejected + $6, updated_at = now() WHERE index_name = $1`,
-		s.index, last, rows, r.applied, r.stale, len(r.rejected))
-	if err != nil {
-		return fmt.Errorf("indexer: backfill: storing progress: %w", err)
-	}
-	return nil
-}
-
-func (s *backfillState) finish(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET finished_at = now(), updated_at = now() WHERE index_name = $1`, s.index); err != nil {
-		return fmt.Errorf("indexer: backfill: storing progress: %w", err)
-	}
-	return nil
 }
 
 func deref(s *string) string {

@@ -112,6 +112,39 @@ func TestBackfillKeyOrder(t *testing.T) {
 	})
 }
 
+// A char(n) key resumes after the stored key in its own type: cast to
+// bare character (one character) it would compare as its first letter,
+// and the resumed run would read the table from the start again.
+func TestBackfillResumesCharKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	es, name := backfillIndex(t)
+	pool, schemaName := schematest.Setup(t)
+	table := `"` + schemaName + `".coded`
+	for _, q := range []string{
+		`CREATE TABLE ` + table + ` (id char(8) PRIMARY KEY, version bigint NOT NULL, title text NOT NULL)`,
+		`INSERT INTO ` + table + ` SELECT 'k' || lpad(i::text, 3, '0'), 1, 'title ' || i FROM generate_series(1, 25) i`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := newSink(t, indexer.Options{Client: es})
+	o := BackfillOptions{Pool: pool, Schema: schemaName, Index: name, Batch: 10, InFlight: 1, OutageTimeout: 200 * time.Millisecond,
+		SourceSQL: `SELECT id, version, json_build_object('title', title) FROM ` + table, Sink: &failingAfter{sink: sink, n: 1}}
+	if first, err := Backfill(ctx, o); err == nil || first.Rows != 10 {
+		t.Fatalf("first run: %+v, %v; want 10 rows, then the sink gone", first, err)
+	}
+	o.Sink = sink
+	second, err := Backfill(ctx, o)
+	if err != nil || second.From != "k010" || second.Rows != 15 || second.Applied != 15 || second.Stale != 0 {
+		t.Fatalf("second run: %+v, %v; want k011..k025 after k010, none read again", second, err)
+	}
+	if docs := searchRead(t, es, name); len(docs) != 25 || docs["k001"] == nil || docs["k025"] == nil {
+		t.Fatalf("%d documents visible, want 25", len(docs))
+	}
+}
+
 // explainCursor is the plan of the cursor a resumed backfill of sourceSQL
 // declares, as text.
 func explainCursor(t *testing.T, tx pgx.Tx, sourceSQL, after string) string {

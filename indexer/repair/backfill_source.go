@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -58,7 +61,7 @@ func declareBackfillCursor(ctx context.Context, tx pgx.Tx, o BackfillOptions, af
 
 // sourceShape is what the columns of SourceSQL are.
 type sourceShape struct {
-	keyType string // the SQL name of the id's type, from the catalog (quoted as needed)
+	keyType string // the SQL name of the id's type with its modifier, from the catalog (quoted as needed)
 	cols    int    // 3 or 4
 	docOID  uint32 // the document's type
 }
@@ -74,7 +77,14 @@ func backfillSourceShape(ctx context.Context, tx pgx.Tx, sql string) (sourceShap
 		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: returns %d columns; want id, version, document and optionally deleted", sh.cols)
 	}
 	sh.docOID = sd.Fields[2].DataTypeOID
-	if err := tx.QueryRow(ctx, `SELECT format_type($1, NULL)`, sd.Fields[0].DataTypeOID).Scan(&sh.keyType); err != nil {
+	if sh.cols == 4 && sd.Fields[3].DataTypeOID != pgtype.BoolOID {
+		var typ string
+		_ = tx.QueryRow(ctx, `SELECT format_type($1, NULL)`, sd.Fields[3].DataTypeOID).Scan(&typ)
+		return sourceShape{}, fmt.Errorf("indexer: backfill: source_sql: the fourth column (deleted) is of type %s; want boolean", typ)
+	}
+	// With its modifier: char(8), not character (which is char(1), and
+	// would cut the stored key to its first letter); numeric(10,2).
+	if err := tx.QueryRow(ctx, `SELECT format_type($1, nullif($2::int, -1))`, sd.Fields[0].DataTypeOID, sd.Fields[0].TypeModifier).Scan(&sh.keyType); err != nil {
 		return sourceShape{}, fmt.Errorf("indexer: backfill: %w", err)
 	}
 	return sh, nil
@@ -91,7 +101,7 @@ func backfillCursorSQL(sql, keyType string, cols int, resume bool) string {
 		key = `src.id::text COLLATE "C"`
 		after = "current_setting('outboxd.backfill_after')"
 	}
-	names, out := "id, version, document", "src.id::text, src.version, src.document"
+	names, out := "id, version, document", "src.id::text, src.version::text, src.document"
 	if cols == 4 {
 		names, out = names+", deleted", out+", src.deleted"
 	}
@@ -118,40 +128,208 @@ func estimateRows(ctx context.Context, tx pgx.Tx, sql string) int64 {
 	return int64(plan[0].Plan.Rows)
 }
 
-// fetchBackfill reads the next batch of rows as events. Each row is
-// scanned straight into its place in the batch: no per-row allocation but
-// the id and the document's bytes.
+// backfillBatch is one batch of rows: the events for the sink, and the
+// rows rejected before it, each by its own id.
+type backfillBatch struct {
+	events   []outbox.Event
+	rejected []BackfillReject
+	rows     int    // rows read, rejected ones included
+	bytes    int    // of ids and documents
+	last     string // the id of the last row read with an id
+}
+
+func (b *backfillBatch) add(r *backfillRow, index string) {
+	b.rows++
+	b.bytes += r.size()
+	if r.id.Valid {
+		b.last = r.id.String
+	}
+	e := outbox.Event{IndexName: index}
+	if reason := r.event(&e); reason != "" {
+		b.rejected = append(b.rejected, BackfillReject{ID: r.id.String, Reason: reason})
+		return
+	}
+	b.events = append(b.events, e)
+}
+
+// backfillReader cuts the cursor's rows into batches of at most Batch
+// rows and BatchBytes bytes (or one row, when that row alone is larger),
+// whatever the rows weigh. Each FETCH asks for as many rows as the
+// largest row of the previous one says fit in what the batch has left; a
+// FETCH that returns more than fits is read on into the next batch rather
+// than held whole, so memory never exceeds a batch and one row. (Such a
+// FETCH stays open while the batch before it waits for a slot at the
+// sink; it is at most a FETCH sized by smaller rows, so well within the
+// statement timeout.)
+type backfillReader struct {
+	tx      pgx.Tx
+	o       BackfillOptions
+	rows    pgx.Rows // the FETCH being read, nil between them
+	asked   int      // rows it asked for
+	got     int      // rows it returned so far
+	largest int      // the largest row of the last FETCH
+	held    *backfillRow
+	done    bool // a FETCH returned fewer rows than it asked for
+}
+
+// firstFetch is how many rows the first FETCH asks for, before any row's
+// size is known.
+const firstFetch = 64
+
+func (r *backfillReader) next(ctx context.Context) (backfillBatch, error) {
+	b := backfillBatch{events: make([]outbox.Event, 0, min(r.o.Batch, 1024))}
+	if r.held != nil {
+		b.add(r.held, r.o.Index)
+		r.held = nil
+	}
+	for b.rows < r.o.Batch {
+		if r.rows == nil {
+			if r.done {
+				break
+			}
+			if err := r.fetch(ctx, &b); err != nil {
+				return backfillBatch{}, err
+			}
+		}
+		if !r.rows.Next() {
+			err := r.rows.Err()
+			r.rows.Close()
+			r.rows = nil
+			if err != nil {
+				return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+			}
+			r.done = r.got < r.asked
+			continue
+		}
+		row := &backfillRow{}
+		if err := scanBackfillRow(r.rows, row); err != nil {
+			return backfillBatch{}, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.last, err)
+		}
+		r.got++
+		r.largest = max(r.largest, row.size())
+		if b.rows > 0 && b.bytes+row.size() > r.o.BatchBytes {
+			r.held = row
+			break
+		}
+		b.add(row, r.o.Index)
+	}
+	return b, nil
+}
+
+// fetch starts the next FETCH, sized by the largest row seen so far.
+func (r *backfillReader) fetch(ctx context.Context, b *backfillBatch) error {
+	n := r.o.Batch - b.rows
+	if r.largest == 0 {
+		n = min(n, firstFetch)
+	} else {
+		n = min(n, max(1, (r.o.BatchBytes-b.bytes)/r.largest))
+	}
+	rows, err := r.tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", n))
+	if err != nil {
+		return fmt.Errorf("indexer: backfill: source_sql: %w", err)
+	}
+	r.rows, r.asked, r.got, r.largest = rows, n, 0, 0
+	return nil
+}
+
+// close ends a FETCH left open by an error or a cancellation.
+func (r *backfillReader) close() {
+	if r.rows != nil {
+		r.rows.Close()
+		r.rows = nil
+	}
+}
+
+// fetchBackfill reads the next o.Batch rows as events; a row that cannot
+// be read is an error naming it.
 func fetchBackfill(ctx context.Context, tx pgx.Tx, o BackfillOptions) ([]outbox.Event, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM outboxd_backfill", o.Batch))
 	if err != nil {
 		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
 	}
 	defer rows.Close()
-	var (
-		deleted bool
-		dest    = []any{nil, nil, nil, &deleted}[:len(rows.FieldDescriptions())]
-		events  = make([]outbox.Event, 0, o.Batch)
-	)
+	b := backfillBatch{events: make([]outbox.Event, 0, o.Batch)}
 	for rows.Next() {
-		events = append(events, outbox.Event{IndexName: o.Index, Op: outbox.OpUpsert})
-		e := &events[len(events)-1]
-		dest[0], dest[1], dest[2], deleted = &e.SourceID, &e.Version, (*[]byte)(&e.Document), false
-		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", lastID(events[:len(events)-1]), err)
+		var row backfillRow
+		if err := scanBackfillRow(rows, &row); err != nil {
+			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.last, err)
 		}
-		if deleted {
-			e.Op, e.Document = outbox.OpDelete, nil
+		if b.add(&row, o.Index); len(b.rejected) > 0 {
+			return nil, fmt.Errorf("indexer: backfill: source_sql: row %q: %s", b.rejected[0].ID, b.rejected[0].Reason)
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("indexer: backfill: source_sql: %w", err)
 	}
-	return events, nil
+	return b.events, nil
 }
 
-func lastID(events []outbox.Event) string {
-	if len(events) == 0 {
-		return ""
+// scanBackfillRow reads the cursor's current row into r.
+func scanBackfillRow(rows pgx.Rows, r *backfillRow) error {
+	r.hasDeleted = len(rows.FieldDescriptions()) == 4
+	if r.hasDeleted {
+		return rows.Scan(&r.id, &r.version, &r.document, &r.deleted)
 	}
-	return events[len(events)-1].SourceID
+	return rows.Scan(&r.id, &r.version, &r.document)
+}
+
+// backfillRow is one row of the cursor as it was read: the id and version
+// as text, so that a NULL, a fractional or a non-numeric value is that
+// row's rejection rather than a scan error that stops the whole backfill.
+type backfillRow struct {
+	id, version pgtype.Text
+	document    []byte
+	deleted     pgtype.Bool
+	hasDeleted  bool
+}
+
+// size is what the row weighs in a batch.
+func (r *backfillRow) size() int { return len(r.id.String) + len(r.document) }
+
+// event fills e from the row, or returns why the row cannot be written,
+// naming the column. Every check of a row before it goes to the sink is
+// here; the sink then checks it as it checks any event.
+func (r *backfillRow) event(e *outbox.Event) (reject string) {
+	e.SourceID, e.Op, e.Document = r.id.String, outbox.OpUpsert, r.document
+	if !r.id.Valid {
+		return "id: NULL; want the row's key"
+	}
+	if !r.version.Valid {
+		return "version: NULL; want an integer >= 1"
+	}
+	v, err := parseBackfillVersion(r.version.String)
+	if err != nil {
+		return "version: " + err.Error()
+	}
+	e.Version = v
+	if r.hasDeleted {
+		if !r.deleted.Valid {
+			return "deleted: NULL; want true or false"
+		}
+		if r.deleted.Bool {
+			e.Op, e.Document = outbox.OpDelete, nil
+		}
+	}
+	return ""
+}
+
+// parseBackfillVersion reads the text of a version column of any type: an
+// integer, or a numeric whose fraction is zero (2.00).
+func parseBackfillVersion(s string) (int64, error) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err == nil {
+		return v, nil
+	}
+	if whole, frac, ok := strings.Cut(s, "."); ok && strings.Trim(frac, "0") == "" {
+		if v, err := strconv.ParseInt(whole, 10, 64); err == nil {
+			return v, nil
+		}
+	}
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		if f != math.Trunc(f) {
+			return 0, fmt.Errorf("%s is not a whole number", s)
+		}
+		return 0, fmt.Errorf("%s is out of the bigint range", s)
+	}
+	return 0, fmt.Errorf("%q is not an integer", s)
 }

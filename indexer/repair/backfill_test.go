@@ -156,6 +156,7 @@ func (e *backfillEnv) assertProjection(t *testing.T) {
 // would.
 type writers struct {
 	done             chan struct{}
+	once             sync.Once
 	wg               sync.WaitGroup
 	updates, deletes atomic.Int64
 }
@@ -168,6 +169,9 @@ func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
 		t.Fatal(err)
 	}
 	wr := &writers{done: make(chan struct{})}
+	// Before the schema is dropped (an earlier cleanup, run later): a
+	// writer left running would fail on the dropped tables.
+	t.Cleanup(wr.halt)
 	for w := range n {
 		wr.wg.Add(1)
 		go func() {
@@ -217,11 +221,16 @@ func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
 	return wr
 }
 
+// halt ends the writers and waits for them; again is a no-op.
+func (wr *writers) halt() {
+	wr.once.Do(func() { close(wr.done) })
+	wr.wg.Wait()
+}
+
 // stop ends the writers and fails the test if they changed nothing.
 func (wr *writers) stop(t *testing.T) (updates, deletes int64) {
 	t.Helper()
-	close(wr.done)
-	wr.wg.Wait()
+	wr.halt()
 	if wr.updates.Load() == 0 || wr.deletes.Load() == 0 {
 		t.Fatal("the writers changed nothing")
 	}
@@ -249,12 +258,17 @@ func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	return func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("relay: %v", err)
+			}
+		})
 	}
+	t.Cleanup(stop) // before the schema is dropped, also when the test fails early
+	return stop
 }
 
 // startRelayProcess runs `outboxd relay` as a child process; kill
@@ -320,24 +334,20 @@ func TestBackfill(t *testing.T) {
 		stopRelay := e.startRelay(t)
 		wr := e.startWriters(t, 4, rows)
 
-		// First run: cancelled once some batches are stored.
+		// First run: cancelled from inside, right after its 15th batch is
+		// stored.
 		sink := newSink(t, indexer.Options{Client: e.es})
 		bctx, cancel := context.WithCancel(ctx)
-		go func() {
-			for bctx.Err() == nil {
-				var n int64
-				_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(rows_read), 0) FROM "`+e.schema+`".backfills`).Scan(&n)
-				if n >= 30_000 {
-					cancel()
-					return
-				}
-				time.Sleep(10 * time.Millisecond)
+		o := e.opts(sink)
+		o.afterStore = func(batches int) {
+			if batches == 15 {
+				cancel()
 			}
-		}()
-		first, err := Backfill(bctx, e.opts(sink))
+		}
+		first, err := Backfill(bctx, o)
 		cancel()
-		if !errors.Is(err, context.Canceled) || first.Rows < 30_000 || first.Rows >= rows {
-			t.Fatalf("first run: %+v, %v; want it cancelled midway", first, err)
+		if !errors.Is(err, context.Canceled) || first.Rows != 15*2000 {
+			t.Fatalf("first run: %+v, %v; want it cancelled after 15 batches of 2000 rows", first, err)
 		}
 		second, err := Backfill(ctx, e.opts(sink))
 		if err != nil {

@@ -71,18 +71,22 @@ type config struct {
 	backfillInFlight int
 	backfillRepeat   int
 
+	backfillMemKBN    int
+	backfillMemMBN    int
+	backfillMemPeakMB int
+
 	profileDir string
 	childGOGC  string
 	keep       bool
 }
 
-var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown", "backfill"}
+var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown", "backfill", "backfillmem"}
 
 func parseConfig(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown, backfill (comma-separated, or all).\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown, backfill, backfillmem (comma-separated, or all).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envString(name, def), usage) }
@@ -130,6 +134,9 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.backfillBatch, "backfill-batch", 0, "backfill: outboxd backfill --batch (0: its default)")
 	num(&c.backfillInFlight, "backfill-in-flight", 0, "backfill: outboxd backfill --in-flight (0: its default)")
 	num(&c.backfillRepeat, "backfill-repeat", 1, "backfill: rounds of the three loads; the best of each is kept")
+	num(&c.backfillMemKBN, "backfillmem-kb-n", 100_000, "backfillmem: rows of 1 KB")
+	num(&c.backfillMemMBN, "backfillmem-mb-n", 200, "backfillmem: rows of 1 MB")
+	num(&c.backfillMemPeakMB, "backfillmem-peak-mb", 150, "backfillmem: the peak RSS, in MB, outboxd backfill must stay under at either row size")
 	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
 	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
 	fs.BoolVar(&c.keep, "keep", envBool("keep"), "keep schemas and indices (for inspection)")
@@ -144,7 +151,8 @@ func parseConfig(args []string) (*config, error) {
 		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
 		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "lowrate-workers": c.lowWorkers, "lowrate-high-workers": c.highWorkers,
 		"memory-n": c.memN, "memory-doc-kb": c.memDocKB, "memory-rate": c.memRate, "shutdown-n": c.shutdownN,
-		"backfill-n": c.backfillN, "backfill-repeat": c.backfillRepeat} {
+		"backfill-n": c.backfillN, "backfill-repeat": c.backfillRepeat,
+		"backfillmem-kb-n": c.backfillMemKBN, "backfillmem-mb-n": c.backfillMemMBN, "backfillmem-peak-mb": c.backfillMemPeakMB} {
 		if v < 1 {
 			return nil, fmt.Errorf("%s: must be >= 1, got %d", name, v)
 		}
@@ -234,6 +242,7 @@ func run(ctx context.Context, args []string) error {
 		{"memory", b.memoryScenario},
 		{"shutdown", b.shutdownScenario},
 		{"backfill", b.backfillScenario},
+		{"backfillmem", b.backfillMemoryScenario},
 	}
 	var failed []string
 	for _, s := range steps {
