@@ -54,9 +54,10 @@ func (d *Destination) setDefaults() {
 	}
 }
 
-// String describes the destination without its secret, for logs.
+// String describes the destination without its secret, for logs: the
+// URL is redacted (its path and query may hold a token).
 func (d Destination) String() string {
-	s := fmt.Sprintf("%s=%s idempotent=%t timeout=%s concurrency=%d", d.Name, d.URL, d.Idempotent, d.Timeout, d.Concurrency)
+	s := fmt.Sprintf("%s=%s idempotent=%t timeout=%s concurrency=%d", d.Name, RedactURL(d.URL), d.Idempotent, d.Timeout, d.Concurrency)
 	if d.Rate > 0 {
 		s += fmt.Sprintf(" rate=%g/s", d.Rate)
 	}
@@ -72,7 +73,7 @@ func (d *Destination) validate() error {
 	}
 	u, err := url.Parse(d.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("destination %s: url: %q is not an http(s) URL", d.Name, d.URL)
+		return fmt.Errorf("destination %s: url: %s is not an http(s) URL with a host", d.Name, RedactURL(d.URL))
 	}
 	if len(d.Secret) == 0 {
 		return fmt.Errorf("destination %s: secret: required (secret_env=VAR)", d.Name)
@@ -100,14 +101,16 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 	}
 	parts := strings.Split(head, ",")
 	name, rawURL, ok := strings.Cut(parts[0], "=")
-	if !ok {
-		return d, fmt.Errorf("destination: %q: want NAME=URL[,option=value...]", parts[0])
+	if !ok || strings.Contains(name, "/") {
+		// parts[0] may be a bare URL: show it redacted.
+		return d, fmt.Errorf("destination: %s: want NAME=URL[,option=value...]", RedactURL(parts[0]))
 	}
 	d.Name, d.URL = strings.TrimSpace(name), strings.TrimSpace(rawURL)
 	for _, p := range parts[1:] {
 		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
 		if !ok {
-			return d, fmt.Errorf("destination %s: %q: want option=value", d.Name, p)
+			// Not quoted: a comma inside the URL's query would put part of a token here.
+			return d, fmt.Errorf("destination %s: an option without a value: want option=value, separated by commas (escape a comma in the URL as %%2C)", d.Name)
 		}
 		var err error
 		switch k {

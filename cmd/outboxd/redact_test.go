@@ -38,3 +38,18 @@ func TestRedactor(t *testing.T) {
 		t.Fatalf("the writer let the secret through: %q", got)
 	}
 }
+
+func TestRedactorDestinationURL(t *testing.T) {
+	t.Parallel()
+	r := &redactor{secrets: map[string]bool{}}
+	r.addDestination("slack=https://hooks.slack.com/services/T000/B000SECRET99/XXXXSECRET?token=QUERYTOKEN1,secret_env=S")
+	got := r.String(`Post "https://hooks.slack.com/services/T000/B000SECRET99/XXXXSECRET?token=QUERYTOKEN1": refused; echoed B000SECRET99 and QUERYTOKEN1`)
+	for _, s := range []string{"B000SECRET99", "XXXXSECRET", "QUERYTOKEN1"} {
+		if strings.Contains(got, s) {
+			t.Fatalf("%q shows %q", got, s)
+		}
+	}
+	if !strings.Contains(got, "https://hooks.slack.com") {
+		t.Fatalf("the host is lost: %q", got)
+	}
+}
