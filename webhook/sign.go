@@ -31,6 +31,17 @@ func Sign(secret []byte, id string, timestamp int64, body []byte) string {
 	return "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 }
 
+// signature is the webhook-signature header of one request to d: signed
+// with its secret and, during a rotation's grace window, with the
+// previous one too, space-separated.
+func (d *Destination) signature(id string, timestamp int64, body []byte, now time.Time) string {
+	sig := Sign(d.Secret, id, timestamp, body)
+	if len(d.PreviousSecret) > 0 && (d.PreviousUntil.IsZero() || now.Before(d.PreviousUntil)) {
+		sig += " " + Sign(d.PreviousSecret, id, timestamp, body)
+	}
+	return sig
+}
+
 // ErrSignature is returned by Verify for a request that was not signed
 // with the secret (or was changed after signing).
 var ErrSignature = errors.New("webhook: signature does not match")
