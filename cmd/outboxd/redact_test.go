@@ -53,3 +53,18 @@ func TestRedactorDestinationURL(t *testing.T) {
 		t.Fatalf("the host is lost: %q", got)
 	}
 }
+
+// The relay's flags feed the redactor: whatever echoes a --destination
+// URL later (a library's error, a log line) loses its path and query.
+func TestRelayFlagsRedactDestinationURLs(t *testing.T) {
+	t.Parallel()
+	const token = "TOKEN0000secret777"
+	_, _, _, err := parseRelayFlags([]string{"--destination", "slack=https://hooks.slack.com/services/T000/B000/" + token + ",secret_env=UNSET_ANYWHERE_X",
+		"--database-url", "postgres://localhost/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := secrets.String(`Post "https://hooks.slack.com/services/T000/B000/` + token + `": EOF`); strings.Contains(got, token) {
+		t.Fatalf("not redacted: %s", got)
+	}
+}
