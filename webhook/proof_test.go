@@ -219,7 +219,8 @@ func TestWebhookProof(t *testing.T) {
 	t.Cleanup(func() { close(closed) })
 	spec := map[string]string{
 		"a": "a=" + rcvs["a"].URL + "/services/T0/proof-a,secret_env=A,timeout=300ms",
-		"b": "b=" + rcvs["b"].URL + ",secret_env=B_NEW,previous_secret_env=B_OLD,timeout=300ms",
+		// b's check skips every 17th message: nothing is sent for those.
+		"b": "b=" + rcvs["b"].URL + ",secret_env=B_NEW,previous_secret_env=B_OLD,timeout=300ms,check=SELECT $1::text <> '' AND ($2::jsonb->>'n')::int % 17 <> 0",
 		"c": "c=" + rcvs["c"].URL + ",secret_env=C,idempotent=true,timeout=300ms",
 	}
 
@@ -363,6 +364,9 @@ func TestWebhookProof(t *testing.T) {
 		if !r.dedupe && effects > 1 {
 			twoEffects++
 			t.Errorf("%s/%s: %d effects on a receiver that does not dedupe (state %s: %s)", dest, key, effects, d.State, d.LastError)
+		}
+		if d.State == webhook.StateSkipped && effects != 0 {
+			t.Errorf("%s/%s: skipped, and applied %d times", dest, key, effects)
 		}
 		switch d.State {
 		case webhook.StateDelivered, webhook.StateSkipped:
