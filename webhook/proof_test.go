@@ -277,7 +277,7 @@ func TestWebhookProof(t *testing.T) {
 	// The fleet's life, driven by the receivers' request numbers: each
 	// step happens while that request is in flight (its effect applied,
 	// its answer not yet written).
-	k1, k2, k3 := n/6, n/3, n/2
+	k1, k2, k3, k4 := n/10, n/6, n/5, n/4
 	var fleet sync.Mutex // one step at a time; guards events
 	events := []string{}
 	on := func(req int) {
@@ -295,6 +295,10 @@ func TestWebhookProof(t *testing.T) {
 			kill("r2")
 			startChild("r4", "b", "c")
 			events = append(events, fmt.Sprintf("request %d: SIGKILL r2 {a}, start r4 {b,c}", req))
+		case k4: // the relay that serves everything dies mid-request and is replaced
+			kill("r3")
+			startChild("r5", "a", "b", "c")
+			events = append(events, fmt.Sprintf("request %d: SIGKILL r3 {a,b,c}, start r5 {a,b,c}", req))
 		}
 	}
 	for _, r := range rcvs {
@@ -330,8 +334,8 @@ func TestWebhookProof(t *testing.T) {
 	for _, ev := range events {
 		t.Log(ev)
 	}
-	if len(events) < 3 {
-		t.Logf("only %d of 3 fleet steps happened (%d requests)", len(events), total.next()-1)
+	if len(events) < 4 {
+		t.Logf("only %d of 4 fleet steps happened (%d requests)", len(events), total.next()-1)
 	}
 
 	ledger := e.all(t)
