@@ -3,8 +3,18 @@
 // side effect, so the effect happens once however often the message
 // arrives.
 //
-//	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-//		first, err := inbox.Receive(ctx, tx, "billing-webhook", r.Header.Get("Idempotency-Key"))
+// The key and the source must come from signed data only: Verify returns
+// the webhook-id header (covered by the Standard Webhooks signature) as
+// the key and the sender whose secret verified the request as the source.
+// A URL path or an Idempotency-Key header is not signed: a captured
+// request replayed with another one would pass as a new message.
+//
+//	msg, err := inbox.Verify(senders, r.Header, body, time.Now())
+//	if err != nil {
+//		return err // 401: not from a known sender
+//	}
+//	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		first, err := inbox.ReceiveSigned(ctx, tx, msg)
 //		if err != nil || !first {
 //			return err // a repeat: its effect is already committed
 //		}

@@ -2,14 +2,19 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/inbox"
 	"github.com/outboxd/outboxd/schema/schematest"
+	"github.com/outboxd/outboxd/webhook"
 )
 
 func TestInboxReceive(t *testing.T) {
@@ -94,6 +99,43 @@ func TestInboxReceive(t *testing.T) {
 			t.Fatalf("got %v", err)
 		}
 		if _, err := inbox.ReceiveIn(ctx, pool, name, "s", ""); err == nil || !strings.Contains(err.Error(), "key:") {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+func TestInboxVerify(t *testing.T) {
+	t.Parallel()
+	billing := inbox.Sender{Source: "billing", Secrets: [][]byte{[]byte("new-secret"), []byte("old-secret")}}
+	shipping := inbox.Sender{Source: "shipping", Secrets: [][]byte{[]byte("shipping-secret")}}
+	signed := func(secret, id, body string) http.Header {
+		ts := time.Now().Unix()
+		h := http.Header{}
+		h.Set(webhook.HeaderID, id)
+		h.Set(webhook.HeaderTimestamp, strconv.FormatInt(ts, 10))
+		h.Set(webhook.HeaderSignature, webhook.Sign([]byte(secret), id, ts, []byte(body)))
+		return h
+	}
+
+	t.Run("the key is webhook-id and the source the sender whose secret verified", func(t *testing.T) {
+		t.Parallel()
+		h := signed("shipping-secret", "order-1", `{}`)
+		h.Set(webhook.HeaderIdempotencyKey, "forged")
+		m, err := inbox.Verify([]inbox.Sender{billing, shipping}, h, []byte(`{}`), time.Now())
+		if err != nil || m.Source != "shipping" || m.Key != "order-1" {
+			t.Fatalf("got %+v, %v", m, err)
+		}
+	})
+	t.Run("any of a sender's secrets verifies (rotation)", func(t *testing.T) {
+		t.Parallel()
+		m, err := inbox.Verify([]inbox.Sender{billing}, signed("old-secret", "k", `{}`), []byte(`{}`), time.Now())
+		if err != nil || m.Source != "billing" {
+			t.Fatalf("got %+v, %v", m, err)
+		}
+	})
+	t.Run("no sender's secret: refused", func(t *testing.T) {
+		t.Parallel()
+		if _, err := inbox.Verify([]inbox.Sender{billing, shipping}, signed("other", "k", `{}`), []byte(`{}`), time.Now()); !errors.Is(err, inbox.ErrNotSigned) {
 			t.Fatalf("got %v", err)
 		}
 	})

@@ -44,10 +44,25 @@ func ValidateMessage(m *Message) error {
 		return &ValidationError{"dedupe_key", "must not be empty"}
 	case len(m.DedupeKey) > 512:
 		return &ValidationError{"dedupe_key", fmt.Sprintf("%d bytes, at most 512", len(m.DedupeKey))}
+	case !printableASCII(m.DedupeKey):
+		return &ValidationError{"dedupe_key", fmt.Sprintf("%q holds a control character or a non-ASCII character: only printable ASCII travels unchanged in the webhook-id header", m.DedupeKey)}
+	case strings.Trim(m.DedupeKey, " ") != m.DedupeKey:
+		return &ValidationError{"dedupe_key", fmt.Sprintf("%q starts or ends with a blank, which receivers trim from the webhook-id header (its signature would never verify)", m.DedupeKey)}
 	case !isObject(m.Payload):
 		return &ValidationError{"payload", "must be a JSON object"}
 	}
 	return nil
+}
+
+// printableASCII reports whether s is only bytes 0x20 to 0x7e: what an
+// HTTP header carries unchanged through every stack.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // MessageIndex is the reserved index name of destination's messages.

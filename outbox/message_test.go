@@ -54,6 +54,18 @@ func TestAppendMessage(t *testing.T) {
 		}
 	})
 
+	t.Run("a dedupe key of printable ASCII with inner blanks is accepted by Go and SQL", func(t *testing.T) {
+		t.Parallel()
+		e := setupOutbox(t)
+		key := "order 42/paid: ok~"
+		if _, err := e.outbox.AppendMessage(ctx, e.pool, outbox.Message{Destination: "d", DedupeKey: key, Payload: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(ctx, `SELECT `+e.outbox.Schema()+`.append_message('d', $1, '{}')`, key+"2"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	bad := []struct {
 		name  string
 		m     outbox.Message
@@ -64,6 +76,12 @@ func TestAppendMessage(t *testing.T) {
 		{"a destination with a dot", outbox.Message{Destination: "a.b", DedupeKey: "k", Payload: json.RawMessage(`{}`)}, "destination"},
 		{"an empty dedupe key", outbox.Message{Destination: "d", Payload: json.RawMessage(`{}`)}, "dedupe_key"},
 		{"a dedupe key over 512 bytes", outbox.Message{Destination: "d", DedupeKey: strings.Repeat("k", 513), Payload: json.RawMessage(`{}`)}, "dedupe_key"},
+		{"a dedupe key with a leading blank", outbox.Message{Destination: "d", DedupeKey: " k", Payload: json.RawMessage(`{}`)}, "dedupe_key"},
+		{"a dedupe key with a trailing blank", outbox.Message{Destination: "d", DedupeKey: "k ", Payload: json.RawMessage(`{}`)}, "dedupe_key"},
+		{"a dedupe key with a tab", outbox.Message{Destination: "d", DedupeKey: "k\t1", Payload: json.RawMessage(`{}`)}, "dedupe_key"},
+		{"a dedupe key with a newline", outbox.Message{Destination: "d", DedupeKey: "k\n1", Payload: json.RawMessage(`{}`)}, "dedupe_key"},
+		{"a dedupe key with DEL", outbox.Message{Destination: "d", DedupeKey: "k\x7f", Payload: json.RawMessage(`{}`)}, "dedupe_key"},
+		{"a non-ASCII dedupe key", outbox.Message{Destination: "d", DedupeKey: "commande-é", Payload: json.RawMessage(`{}`)}, "dedupe_key"},
 		{"a payload that is an array", outbox.Message{Destination: "d", DedupeKey: "k", Payload: json.RawMessage(`[1]`)}, "payload"},
 		{"a missing payload", outbox.Message{Destination: "d", DedupeKey: "k"}, "payload"},
 	}

@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"crypto/x509"
 	"encoding/base64"
 	"fmt"
 	"net/url"
@@ -19,6 +20,14 @@ type Destination struct {
 	// Secret signs every request (Standard Webhooks). Never logged: String
 	// and the errors of this package leave it out.
 	Secret []byte
+	// PreviousSecret, while a receiver moves to Secret, signs every request
+	// too (Standard Webhooks allows several signatures), until
+	// PreviousUntil when that is set.
+	PreviousSecret []byte
+	PreviousUntil  time.Time
+	// RootCAs verifies the receiver's TLS certificate instead of the
+	// system roots (a private CA: ca_file=PEM).
+	RootCAs *x509.CertPool
 	// Idempotent says the receiver dedupes by Idempotency-Key, so a request
 	// whose outcome is unknown (timeout or reset after it was sent) may be
 	// sent again. Otherwise such a message is parked as unknown.
@@ -54,14 +63,24 @@ func (d *Destination) setDefaults() {
 	}
 }
 
-// String describes the destination without its secret, for logs.
+// String describes the destination without its secret, for logs: the
+// URL is redacted (its path and query may hold a token).
 func (d Destination) String() string {
-	s := fmt.Sprintf("%s=%s idempotent=%t timeout=%s concurrency=%d", d.Name, d.URL, d.Idempotent, d.Timeout, d.Concurrency)
+	s := fmt.Sprintf("%s=%s idempotent=%t timeout=%s concurrency=%d", d.Name, RedactURL(d.URL), d.Idempotent, d.Timeout, d.Concurrency)
 	if d.Rate > 0 {
 		s += fmt.Sprintf(" rate=%g/s", d.Rate)
 	}
 	if d.Check != "" {
 		s += " check=yes"
+	}
+	if len(d.PreviousSecret) > 0 {
+		s += " previous_secret=yes"
+		if !d.PreviousUntil.IsZero() {
+			s += " until " + d.PreviousUntil.UTC().Format(time.RFC3339)
+		}
+	}
+	if d.RootCAs != nil {
+		s += " ca_file=yes"
 	}
 	return s
 }
@@ -72,7 +91,7 @@ func (d *Destination) validate() error {
 	}
 	u, err := url.Parse(d.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("destination %s: url: %q is not an http(s) URL", d.Name, d.URL)
+		return fmt.Errorf("destination %s: url: %s is not an http(s) URL with a host", d.Name, RedactURL(d.URL))
 	}
 	if len(d.Secret) == 0 {
 		return fmt.Errorf("destination %s: secret: required (secret_env=VAR)", d.Name)
@@ -82,8 +101,13 @@ func (d *Destination) validate() error {
 
 // ParseDestination reads the --destination flag's value:
 //
-//	NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL]
+//	NAME=URL[,secret_env=VAR][,previous_secret_env=VAR[,previous_secret_until=RFC3339]][,ca_file=PEM]
+//	        [,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL]
 //
+// previous_secret_env holds the secret being rotated out: requests are
+// signed with both until previous_secret_until (or as long as the option
+// stays). ca_file is a PEM file of the CA certificates that verify the
+// receiver (a private CA), instead of the system roots.
 // check comes last and takes the rest of the value, commas included. The
 // secret is read from the environment variable VAR (a Standard Webhooks
 // "whsec_<base64>" secret, or raw bytes); getenv is os.Getenv when nil.
@@ -100,14 +124,16 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 	}
 	parts := strings.Split(head, ",")
 	name, rawURL, ok := strings.Cut(parts[0], "=")
-	if !ok {
-		return d, fmt.Errorf("destination: %q: want NAME=URL[,option=value...]", parts[0])
+	if !ok || strings.Contains(name, "/") {
+		// parts[0] may be a bare URL: show it redacted.
+		return d, fmt.Errorf("destination: %s: want NAME=URL[,option=value...]", RedactURL(parts[0]))
 	}
 	d.Name, d.URL = strings.TrimSpace(name), strings.TrimSpace(rawURL)
 	for _, p := range parts[1:] {
 		k, v, ok := strings.Cut(strings.TrimSpace(p), "=")
 		if !ok {
-			return d, fmt.Errorf("destination %s: %q: want option=value", d.Name, p)
+			// Not quoted: a comma inside the URL's query would put part of a token here.
+			return d, fmt.Errorf("destination %s: an option without a value: want option=value, separated by commas (escape a comma in the URL as %%2C)", d.Name)
 		}
 		var err error
 		switch k {
@@ -118,6 +144,22 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 			}
 			if d.Secret, err = ParseSecret(raw); err != nil {
 				return d, fmt.Errorf("destination %s: secret_env: %s: %w", d.Name, v, err)
+			}
+		case "previous_secret_env":
+			raw := getenv(v)
+			if raw == "" {
+				return d, fmt.Errorf("destination %s: previous_secret_env: environment variable %s is not set", d.Name, v)
+			}
+			if d.PreviousSecret, err = ParseSecret(raw); err != nil {
+				return d, fmt.Errorf("destination %s: previous_secret_env: %s: %w", d.Name, v, err)
+			}
+		case "previous_secret_until":
+			if d.PreviousUntil, err = time.Parse(time.RFC3339, v); err != nil {
+				return d, fmt.Errorf("destination %s: previous_secret_until: %q is not an RFC 3339 time (like 2026-12-31T00:00:00Z)", d.Name, v)
+			}
+		case "ca_file":
+			if d.RootCAs, err = readCAFile(v); err != nil {
+				return d, fmt.Errorf("destination %s: ca_file: %w", d.Name, err)
 			}
 		case "idempotent":
 			if d.Idempotent, err = strconv.ParseBool(v); err != nil {
@@ -137,11 +179,27 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 				return d, fmt.Errorf("destination %s: rate: %q is not a positive number per second (like 50/s)", d.Name, v)
 			}
 		default:
-			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, timeout, concurrency, rate, check)", d.Name, k)
+			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, previous_secret_env, previous_secret_until, ca_file, idempotent, timeout, concurrency, rate, check)", d.Name, k)
 		}
+	}
+	if !d.PreviousUntil.IsZero() && len(d.PreviousSecret) == 0 {
+		return d, fmt.Errorf("destination %s: previous_secret_until: needs previous_secret_env", d.Name)
 	}
 	d.setDefaults()
 	return d, d.validate()
+}
+
+// readCAFile reads a PEM file of CA certificates.
+func readCAFile(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return pool, nil
 }
 
 // ParseSecret decodes a Standard Webhooks secret "whsec_<base64>"; any

@@ -290,6 +290,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(childEnv); spec != "" {
 		os.Exit(runChild(spec))
 	}
+	if spec := os.Getenv(proofChildEnv); spec != "" {
+		os.Exit(runProofChild(spec))
+	}
 	os.Exit(m.Run())
 }
 

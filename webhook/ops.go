@@ -30,6 +30,8 @@ type Delivery struct {
 	UpdatedAt   time.Time  `json:"updated_at"`
 	FinishedAt  *time.Time `json:"finished_at,omitempty"`
 	ResolvedBy  string     `json:"resolved_by,omitempty"`
+	// Warning is set by Resolve for a retry that may give a second effect.
+	Warning string `json:"warning,omitempty"`
 }
 
 // Filter selects ledger rows; zero fields match everything.
@@ -91,63 +93,102 @@ const (
 // Resolve settles one message that is unknown, failed or skipped, in one
 // transaction with an audit_log row. Retry appends the payload again as a
 // new message that inherits the reservation, so the relay sends it once
-// more under the same Idempotency-Key.
+// more under the same Idempotency-Key. A retry of a message that was ever
+// unknown (resolved failed since, or retried and failed again) comes back
+// with a Warning: the receiver may already have applied it.
 func Resolve(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, key, action, operator string) (Delivery, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return Delivery{}, err
 	}
-	switch {
-	case operator == "":
-		return Delivery{}, errors.New("operator: must name who acts (it goes to audit_log)")
-	case action != ResolveDelivered && action != ResolveFailed && action != ResolveRetry:
-		return Delivery{}, fmt.Errorf("action: %q is not delivered, failed or retry", action)
+	if err := checkResolution(action, operator); err != nil {
+		return Delivery{}, err
 	}
 	var out Delivery
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var state string
-		var payload []byte
-		var old int64
-		err := tx.QueryRow(ctx, `SELECT state, payload, event_id FROM `+id+`.deliveries
-			WHERE destination = $1 AND dedupe_key = $2 FOR UPDATE`, destination, key).Scan(&state, &payload, &old)
+		var row ledgerRow
+		err := tx.QueryRow(ctx, `SELECT `+lockedRowColumns(id)+` FROM `+id+`.deliveries
+			WHERE destination = $1 AND dedupe_key = $2 FOR UPDATE`, destination, key).Scan(row.fields()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("no message with key %q for destination %s", key, destination)
 		}
 		if err != nil {
 			return err
 		}
-		if state == StateReserved || state == StateDelivered {
-			return fmt.Errorf("message %q for %s is %s: only unknown, failed or skipped messages can be resolved", key, destination, state)
+		if row.state == StateReserved || row.state == StateDelivered {
+			return fmt.Errorf("message %q for %s is %s: only unknown, failed or skipped messages can be resolved", key, destination, row.state)
 		}
-		switch action {
-		case ResolveRetry:
-			var next int64
-			if err := tx.QueryRow(ctx, `SELECT `+id+`.append_message($1, $2, $3)`, destination, key, string(payload)).Scan(&next); err != nil {
-				return err
-			}
-			_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = 'reserved', event_id = $3, attempts = 0, in_flight = false,
-				uncertain = false, finished_at = NULL, updated_at = now(), resolved_by = $4,
-				last_error = 'retry requested by ' || $4 || ' (was ' || state || ')'
-				WHERE destination = $1 AND dedupe_key = $2`, destination, key, next, operator)
-		default:
-			_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = $3, finished_at = now(), updated_at = now(), resolved_by = $4,
-				last_error = concat_ws(' ', last_error, '(resolved ' || $3 || ' by ' || $4 || ')')
-				WHERE destination = $1 AND dedupe_key = $2`, destination, key, action, operator)
-		}
+		warning, err := settle(ctx, tx, id, row, action, operator)
 		if err != nil {
 			return err
 		}
-		detail, _ := json.Marshal(map[string]string{"destination": destination, "dedupe_key": key, "from": state, "to": action})
+		detail, _ := json.Marshal(map[string]string{"destination": destination, "dedupe_key": key, "from": row.state, "to": action})
 		if _, err := tx.Exec(ctx, `INSERT INTO `+id+`.audit_log (operator, action, ids, detail) VALUES ($1, $2, $3, $4)`,
-			operator, "deliveries."+action, []int64{old}, detail); err != nil {
+			operator, "deliveries."+action, []int64{row.eventID}, detail); err != nil {
 			return err
 		}
 		out, err = scanDelivery(tx.QueryRow(ctx, `SELECT `+deliveryColumns+` FROM `+id+`.deliveries
 			WHERE destination = $1 AND dedupe_key = $2`, destination, key))
+		out.Warning = warning
 		return err
 	})
 	if err != nil {
 		return Delivery{}, fmt.Errorf("webhook: resolve %s/%s: %w", destination, key, err)
 	}
 	return out, nil
+}
+
+func checkResolution(action, operator string) error {
+	switch {
+	case operator == "":
+		return errors.New("operator: must name who acts (it goes to audit_log)")
+	case action != ResolveDelivered && action != ResolveFailed && action != ResolveRetry:
+		return fmt.Errorf("action: %q is not delivered, failed or retry", action)
+	}
+	return nil
+}
+
+// ledgerRow is what settle needs of a row locked FOR UPDATE.
+type ledgerRow struct {
+	destination, key, state string
+	payload                 []byte
+	eventID                 int64
+	onceUnknown             bool
+}
+
+// lockedRowColumns reads a ledgerRow; once_unknown is true when some
+// attempt may have reached the receiver, or the audit log shows the row
+// was unknown before an operator moved it on.
+func lockedRowColumns(id string) string {
+	return `destination, dedupe_key, state, payload, event_id, uncertain OR state = 'unknown' OR EXISTS (
+	SELECT 1 FROM ` + id + `.audit_log a WHERE a.action LIKE 'deliveries.%' AND a.detail->>'from' = 'unknown'
+	  AND a.detail->>'destination' = deliveries.destination
+	  AND (a.detail->>'dedupe_key' = deliveries.dedupe_key OR a.detail->'keys' ? deliveries.dedupe_key))`
+}
+
+func (r *ledgerRow) fields() []any {
+	return []any{&r.destination, &r.key, &r.state, &r.payload, &r.eventID, &r.onceUnknown}
+}
+
+// settle applies one resolution to a locked row and returns a warning for
+// a retry that may give a second effect.
+func settle(ctx context.Context, tx pgx.Tx, id string, row ledgerRow, action, operator string) (warning string, err error) {
+	if action != ResolveRetry {
+		_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = $3, finished_at = now(), updated_at = now(), resolved_by = $4,
+			last_error = concat_ws(' ', last_error, '(resolved ' || $3 || ' by ' || $4 || ')')
+			WHERE destination = $1 AND dedupe_key = $2`, row.destination, row.key, action, operator)
+		return "", err
+	}
+	var next int64
+	if err := tx.QueryRow(ctx, `SELECT `+id+`.append_message($1, $2, $3)`, row.destination, row.key, string(row.payload)).Scan(&next); err != nil {
+		return "", err
+	}
+	_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = 'reserved', event_id = $3, attempts = 0, in_flight = false,
+		uncertain = false, finished_at = NULL, updated_at = now(), resolved_by = $4,
+		last_error = 'retry requested by ' || $4 || ' (was ' || state || ')'
+		WHERE destination = $1 AND dedupe_key = $2`, row.destination, row.key, next, operator)
+	if row.onceUnknown && row.state != StateDelivered {
+		warning = fmt.Sprintf("%s/%s was unknown once: the receiver may already have applied it, and this retry may produce a second effect unless it dedupes by webhook-id", row.destination, row.key)
+	}
+	return warning, err
 }

@@ -3,6 +3,7 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -38,6 +39,9 @@ func newClient(d Destination) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxConnsPerHost = d.Concurrency
 	t.MaxIdleConnsPerHost = d.Concurrency
+	if d.RootCAs != nil {
+		t.TLSClientConfig = &tls.Config{RootCAs: d.RootCAs, MinVersion: tls.VersionTLS12}
+	}
 	return &http.Client{
 		Timeout:       d.Timeout,
 		Transport:     t,
@@ -58,7 +62,7 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 	req.Header.Set(HeaderIdempotencyKey, key)
 	req.Header.Set(HeaderID, key)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(HeaderSignature, Sign(s.dest.Secret, key, ts, body))
+	req.Header.Set(HeaderSignature, s.dest.signature(key, ts, body, s.now()))
 	if !s.dest.Idempotent {
 		// net/http silently re-sends a request that has an Idempotency-Key
 		// and a GetBody when a reused connection fails; to a receiver that

@@ -188,6 +188,7 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 		n := ent.attempts + 1
 		start := time.Now()
 		a := s.post(done, key, e.Document)
+		a.reason = s.dest.Redact(a.reason) // a url.Error or an echoing receiver quotes the URL
 		<-s.requests
 		s.metrics.observe(name, a, time.Since(start))
 		ent.attempts, ent.inFlight = n, false

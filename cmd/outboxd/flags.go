@@ -159,6 +159,11 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		case urlFlags[f.Name]:
 			secrets.addURL(v)
 		}
+		if d, ok := f.Value.(*destinationFlags); ok {
+			for _, spec := range *d {
+				secrets.addDestination(spec)
+			}
+		}
 	})
 	return err
 }

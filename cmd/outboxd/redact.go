@@ -113,3 +113,38 @@ func (w redactWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// addDestination remembers what of a --destination value's URL may be a
+// credential: its userinfo password, path and query, and the query
+// values and token-like path segments in them (webhook URLs such as
+// https://hooks.slack.com/services/T000/B000/XXXX carry their secret
+// there).
+func (r *redactor) addDestination(spec string) {
+	_, rest, _ := strings.Cut(spec, "=")
+	raw, _, _ := strings.Cut(rest, ",")
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return
+	}
+	if u.User != nil {
+		if p, ok := u.User.Password(); ok {
+			r.add(p)
+		}
+	}
+	if u.Path != "/" {
+		r.add(u.Path)
+		r.add(u.EscapedPath())
+	}
+	r.add(u.RawQuery)
+	r.add(u.Fragment)
+	for _, vs := range u.Query() {
+		for _, v := range vs {
+			r.add(v)
+		}
+	}
+	for _, seg := range strings.Split(u.Path, "/") {
+		if len(seg) >= 8 && strings.ContainsAny(seg, "0123456789") {
+			r.add(seg)
+		}
+	}
+}

@@ -38,3 +38,33 @@ func TestRedactor(t *testing.T) {
 		t.Fatalf("the writer let the secret through: %q", got)
 	}
 }
+
+func TestRedactorDestinationURL(t *testing.T) {
+	t.Parallel()
+	r := &redactor{secrets: map[string]bool{}}
+	r.addDestination("slack=https://hooks.slack.com/services/T000/B000SECRET99/XXXXSECRET?token=QUERYTOKEN1,secret_env=S")
+	got := r.String(`Post "https://hooks.slack.com/services/T000/B000SECRET99/XXXXSECRET?token=QUERYTOKEN1": refused; echoed B000SECRET99 and QUERYTOKEN1`)
+	for _, s := range []string{"B000SECRET99", "XXXXSECRET", "QUERYTOKEN1"} {
+		if strings.Contains(got, s) {
+			t.Fatalf("%q shows %q", got, s)
+		}
+	}
+	if !strings.Contains(got, "https://hooks.slack.com") {
+		t.Fatalf("the host is lost: %q", got)
+	}
+}
+
+// The relay's flags feed the redactor: whatever echoes a --destination
+// URL later (a library's error, a log line) loses its path and query.
+func TestRelayFlagsRedactDestinationURLs(t *testing.T) {
+	t.Parallel()
+	const token = "TOKEN0000secret777"
+	_, _, _, err := parseRelayFlags([]string{"--destination", "slack=https://hooks.slack.com/services/T000/B000/" + token + ",secret_env=UNSET_ANYWHERE_X",
+		"--database-url", "postgres://localhost/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := secrets.String(`Post "https://hooks.slack.com/services/T000/B000/` + token + `": EOF`); strings.Contains(got, token) {
+		t.Fatalf("not redacted: %s", got)
+	}
+}

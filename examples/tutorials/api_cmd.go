@@ -32,7 +32,8 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	lease := fs.Duration("key-lease", DefaultLease, "how long a PROCESSING key is protected before a retry may take it over")
 	schedule := fs.String("key-cleanup-schedule", DefaultCleanupSchedule, "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *'")
 	notify := fs.String("notify-destination", "", "webhook destination (as configured on outboxd relay --destination) told of every new tutorial, in the creating transaction; empty sends nothing")
-	secretEnv := fs.String("webhook-secret-env", "OUTBOXD_TUTORIALS_WEBHOOK_SECRET", "environment variable holding the secret that POST /api/webhooks/{source} verifies (whsec_<base64> or raw); unset disables the endpoint")
+	secretEnv := fs.String("webhook-secret-env", "OUTBOXD_TUTORIALS_WEBHOOK_SECRET", "environment variable holding the secret that POST /api/webhooks verifies (whsec_<base64> or raw); unset disables the endpoint")
+	previousEnv := fs.String("webhook-previous-secret-env", "OUTBOXD_TUTORIALS_WEBHOOK_PREVIOUS_SECRET", "environment variable holding the sender's previous secret, also accepted while it rotates; unset accepts only the current one")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -41,6 +42,13 @@ func runExampleAPI(ctx context.Context, args []string) error {
 		var err error
 		if secret, err = webhook.ParseSecret(v); err != nil {
 			return fmt.Errorf("webhook-secret-env: %s: %w", *secretEnv, err)
+		}
+	}
+	var previous []byte
+	if v := os.Getenv(*previousEnv); v != "" {
+		var err error
+		if previous, err = webhook.ParseSecret(v); err != nil {
+			return fmt.Errorf("webhook-previous-secret-env: %s: %w", *previousEnv, err)
 		}
 	}
 	if fs.NArg() > 0 {
@@ -79,8 +87,8 @@ func runExampleAPI(ctx context.Context, args []string) error {
 		Registerer:    reg,
 		Gatherer:      reg,
 		Logger:        slog.Default(),
-		WebhookSecret: secret,
-		Notify:        *notify,
+		WebhookSecret: secret, WebhookPreviousSecret: previous,
+		Notify: *notify,
 	})
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outboxd/outboxd/inbox"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema"
 )
@@ -53,8 +54,10 @@ type Config struct {
 	// Gatherer, when set, is served on GET /metrics.
 	Gatherer prometheus.Gatherer
 	Logger   *slog.Logger
-	// WebhookSecret verifies POST /api/webhooks/{source}; empty disables it.
-	WebhookSecret []byte
+	// WebhookSecret verifies POST /api/webhooks; empty disables it.
+	// WebhookPreviousSecret is also accepted while the sender rotates.
+	WebhookSecret         []byte
+	WebhookPreviousSecret []byte
 	// Notify names the webhook destination that hears of every new
 	// tutorial ("tutorial-created:<id>"), appended in the creating
 	// transaction; empty sends nothing.
@@ -78,8 +81,8 @@ type Server struct {
 	handler http.Handler
 	read    time.Duration
 
-	notifications string // quoted schema.notifications
-	webhookSecret []byte
+	notifications string         // quoted schema.notifications
+	senders       []inbox.Sender // empty: POST /api/webhooks is disabled
 	notify        string
 
 	afterCommit func(r *http.Request)
@@ -144,7 +147,7 @@ func New(cfg Config) (*Server, error) {
 		afterCommit: cfg.afterCommit,
 
 		notifications: id + ".notifications",
-		webhookSecret: cfg.WebhookSecret,
+		senders:       webhookSenders(cfg),
 		notify:        cfg.Notify,
 	}
 	mux := http.NewServeMux()
@@ -153,7 +156,10 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("DELETE /api/tutorials/{id}", s.remove)
 	mux.HandleFunc("GET /api/tutorials/{id}", s.get)
 	mux.HandleFunc("GET /api/search", s.search)
-	mux.HandleFunc("POST /api/webhooks/{source}", s.receive)
+	// The path's last segment is accepted for older senders and ignored:
+	// the source is the sender whose secret verifies the request.
+	mux.HandleFunc("POST /api/webhooks", s.receive)
+	mux.HandleFunc("POST /api/webhooks/{ignored}", s.receive)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

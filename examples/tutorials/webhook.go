@@ -9,17 +9,30 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/inbox"
-	"github.com/outboxd/outboxd/webhook"
 )
 
-// receive is a webhook receiver (POST /api/webhooks/{source}): it checks the
+// WebhookSource is the inbox source of the messages that the configured
+// secret verifies: the outboxd relay that signs them.
+const WebhookSource = "outboxd"
+
+func webhookSenders(cfg Config) []inbox.Sender {
+	if len(cfg.WebhookSecret) == 0 {
+		return nil
+	}
+	return []inbox.Sender{{Source: WebhookSource, Secrets: [][]byte{cfg.WebhookSecret, cfg.WebhookPreviousSecret}}}
+}
+
+// receive is a webhook receiver (POST /api/webhooks): it checks the
 // Standard Webhooks signature, then records the message in the inbox by
-// its Idempotency-Key and applies its effect (a notifications row) in one
-// transaction. A repeat answers 200 without a second effect, so senders
-// may retry freely; outboxd can then run this destination with
-// idempotent=true.
+// its webhook-id (the signed key) under the source whose secret verified
+// it, and applies its effect (a notifications row) in one transaction.
+// Neither the URL path nor an Idempotency-Key header is signed, so
+// neither takes part: a captured request replayed with another path or
+// header is still one message. A repeat answers 200 without a second
+// effect, so senders may retry freely; outboxd can then run this
+// destination with idempotent=true.
 func (s *Server) receive(w http.ResponseWriter, r *http.Request) {
-	if len(s.webhookSecret) == 0 {
+	if len(s.senders) == 0 {
 		writeError(w, &APIError{Status: http.StatusNotFound, Message: "no webhook secret is configured"})
 		return
 	}
@@ -28,18 +41,12 @@ func (s *Server) receive(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &APIError{Status: http.StatusRequestEntityTooLarge, Field: "body", Message: "at most 1 MiB"})
 		return
 	}
-	if err := webhook.Verify(s.webhookSecret, r.Header, body, time.Now(), 0); err != nil {
+	msg, err := inbox.Verify(s.senders, r.Header, body, time.Now())
+	if err != nil {
 		writeError(w, &APIError{Status: http.StatusUnauthorized, Message: err.Error()})
 		return
 	}
-	source, key := r.PathValue("source"), r.Header.Get(webhook.HeaderIdempotencyKey)
-	if key == "" {
-		key = r.Header.Get(webhook.HeaderID)
-	}
-	if key == "" {
-		writeError(w, &APIError{Status: http.StatusBadRequest, Field: "Idempotency-Key", Message: "required"})
-		return
-	}
+	source, key := msg.Source, msg.Key
 	var first bool
 	err = pgx.BeginFunc(r.Context(), s.pool, func(tx pgx.Tx) error {
 		var err error

@@ -123,6 +123,51 @@ func TestWebhookReceiver(t *testing.T) {
 		}
 	})
 
+	t.Run("a captured request replayed with another Idempotency-Key or path has one effect", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, withSecret)
+		body := `{"amount":10}`
+		captured := e.signed(t, "invoice-7", body, hookSecret)
+		replay := func(path, idempotencyKey string) {
+			req, err := http.NewRequest("POST", e.ts.URL+path, bytes.NewReader([]byte(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header = captured.Header.Clone()
+			if idempotencyKey != "" {
+				req.Header.Set(webhook.HeaderIdempotencyKey, idempotencyKey)
+			}
+			if code, got := post(t, req); code != 200 {
+				t.Fatalf("%s with Idempotency-Key %q: %d %s", path, idempotencyKey, code, got)
+			}
+		}
+		replay("/api/webhooks/billing", "")
+		replay("/api/webhooks/billing", "forged-1")
+		replay("/api/webhooks/shipping", "")
+		replay("/api/webhooks/shipping", "forged-2")
+		if n := e.count(t, `SELECT count(*) FROM `+e.srv.notifications); n != 1 {
+			t.Fatalf("%d effects from one signed message, want 1", n)
+		}
+		if n := e.count(t, `SELECT count(*) FROM `+e.srv.notifications+` WHERE source = 'outboxd' AND key = 'invoice-7'`); n != 1 {
+			t.Fatalf("the effect is not recorded under the signing source and the webhook-id")
+		}
+	})
+
+	t.Run("while the sender rotates its secret, the previous one is accepted too", func(t *testing.T) {
+		t.Parallel()
+		previous := []byte("tutorials-webhook-previous")
+		e := setup(t, func(c *Config) { c.WebhookSecret, c.WebhookPreviousSecret = hookSecret, previous })
+		if code, got := post(t, e.signed(t, "k1", `{"n":1}`, previous)); code != 200 {
+			t.Fatalf("previous secret: %d %s", code, got)
+		}
+		if code, got := post(t, e.signed(t, "k2", `{"n":2}`, hookSecret)); code != 200 {
+			t.Fatalf("current secret: %d %s", code, got)
+		}
+		if code, _ := post(t, e.signed(t, "k3", `{"n":3}`, []byte("neither"))); code != 401 {
+			t.Fatalf("another secret: %d", code)
+		}
+	})
+
 	t.Run("without a secret the endpoint is off", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
