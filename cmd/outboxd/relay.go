@@ -134,6 +134,11 @@ func runRelay(ctx context.Context, args []string) error {
 		go func() { adminErr <- srv.Run(ctx) }()
 	}
 
+	if n, err := webhook.RequeueWaiting(ctx, pool, db.schema, destinationNames(f.destinations)); err != nil {
+		return err
+	} else if n > 0 {
+		log.Info("webhook: waiting messages appended again for their destination's stream", "messages", n)
+	}
 	log.Info("relay starting", "schema", db.schema, "elasticsearch", esCfg.String())
 	if err := r.Run(ctx); err != nil {
 		return err
@@ -307,6 +312,7 @@ func newAdminServer(pool *pgxpool.Pool, schemaName string, client *elasticsearch
 			"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
 			"sink":          func(context.Context) error { return pausedError(r) },
 			"relay":         func(context.Context) error { return r.Health() },
+			"leaders":       r.LeaderlessError,
 		},
 		Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
 		Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
@@ -326,18 +332,16 @@ func (l *listFlag) Set(v string) error {
 }
 
 // messageStreams gives each --destination a stream and sink of its own (a
-// slow receiver holds back only its own messages) and, when any is set, a
-// stream that fails the messages of destinations nobody configured. The
-// ledger's gauges go on /metrics.
+// slow receiver holds back only its own messages) and, on every relay, the
+// unrouted stream that records as waiting the messages of destinations no
+// live relay serves: every committed message gets a ledger row, whatever
+// the relays' flags. The ledger's gauges go on /metrics.
 func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err
 	}
 	reg.MustRegister(webhook.NewLedgerCollector(pool, id))
-	if len(specs) == 0 {
-		return nil, nil
-	}
 	m := webhook.NewMetrics(reg)
 	var out []relay.Stream
 	var names []string
@@ -355,13 +359,42 @@ func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *
 		}
 		log.Info("webhook destination", "destination", d.String())
 		names = append(names, d.Name)
-		out = append(out, relay.Stream{Name: "webhook-" + d.Name, BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink})
+		out = append(out, relay.Stream{Name: messageStream(d.Name), BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink})
 	}
 	unrouted, err := webhook.NewUnroutedSink(pool, schemaName, names, m)
 	if err != nil {
 		return nil, err
 	}
+	unrouted.SetServed(func(ctx context.Context, dests []string) (map[string]bool, error) {
+		streams := make([]string, len(dests))
+		for i, d := range dests {
+			streams[i] = messageStream(d)
+		}
+		led, err := relay.Served(ctx, pool, schemaName, streams)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]bool, len(dests))
+		for _, d := range dests {
+			out[d] = led[messageStream(d)]
+		}
+		return out, nil
+	})
 	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted}), nil
+}
+
+// messageStream is the name of a destination's stream.
+func messageStream(destination string) string { return "webhook-" + destination }
+
+// destinationNames are the names of the --destination flags.
+func destinationNames(specs []string) []string {
+	var names []string
+	for _, spec := range specs {
+		if name, _, ok := strings.Cut(spec, "="); ok {
+			names = append(names, strings.TrimSpace(name))
+		}
+	}
+	return names
 }
 
 // checkIndexSpec asks up to one node per address: a request that cannot
@@ -379,6 +412,11 @@ func checkIndexSpec(ctx context.Context, client *elasticsearch.Client, spec []by
 
 func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, schemaName string, f relayFlags) error {
 	if err := s.Add("outbox-retention", f.retentionSchedule, func(ctx context.Context) error {
+		// Waiting messages of a destination served here whose event went
+		// before it was served get one the destination's stream reads.
+		if _, err := webhook.RequeueWaiting(ctx, pool, schemaName, destinationNames(f.destinations)); err != nil {
+			return err
+		}
 		n, err := relay.DeleteAcknowledged(ctx, pool, schemaName, f.retention, 5000)
 		slog.Info("retention: deleted acknowledged events", "deleted", n, "retention", f.retention)
 		return err

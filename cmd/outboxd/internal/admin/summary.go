@@ -116,6 +116,7 @@ func (c *counters) message(dest string) *MessageView {
 // delivery ledger by state.
 type MessageView struct {
 	Destination    string  `json:"destination"`
+	Waiting        float64 `json:"waiting"` // no live relay serves the destination
 	Reserved       float64 `json:"reserved"`
 	Delivered      float64 `json:"delivered"`
 	Failed         float64 `json:"failed"`
@@ -126,6 +127,8 @@ type MessageView struct {
 
 func (v *MessageView) add(state string, n float64) {
 	switch state {
+	case "waiting":
+		v.Waiting += n
 	case "reserved":
 		v.Reserved += n
 	case "delivered":
