@@ -177,7 +177,7 @@ func indexPredicate(names []string) string {
 }
 
 // sqlString quotes s as an SQL string literal; one with a backslash (a
-// LIKE escape) as an E'' literal, which means the same whatever
+// LIKE escape) as an E” literal, which means the same whatever
 // standard_conforming_strings says.
 func sqlString(s string) string {
 	q := strings.ReplaceAll(s, "'", "''")
