@@ -55,6 +55,7 @@ type relayFlags struct {
 	adminHosts              listFlag
 	retention               time.Duration
 	retentionSchedule       string
+	ledgerRetention         time.Duration
 	tombstoneHorizon        time.Duration
 	tombstoneSchedule       string
 	deadletterRetrySchedule string
@@ -190,7 +191,8 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.StringVar(&f.adminToken, "admin-token", "", "bearer token required by the admin server (prefer env OUTBOXD_ADMIN_TOKEN)")
 	fs.Var(&f.adminHosts, "admin-host", "a `NAME` the admin server answers to without --admin-token, besides its own address (DNS rebinding protection); repeatable or comma-separated, e.g. relay-1,relay-1.internal:9464")
 	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "keep acknowledged events this long (for replay) before deleting them")
-	fs.StringVar(&f.retentionSchedule, "retention-schedule", "@every 10m", "when to delete acknowledged events past retention (cron or @every; empty disables)")
+	fs.StringVar(&f.retentionSchedule, "retention-schedule", "@every 10m", "when to delete acknowledged events past retention, and final ledger rows past --ledger-retention (cron or @every; empty disables)")
+	fs.DurationVar(&f.ledgerRetention, "ledger-retention", webhook.DefaultLedgerRetention, "keep final webhook ledger rows (delivered, failed, skipped; payload included) this long after they finished; at least --retention, since the ledger is what stops a replayed message from being sent twice")
 	fs.DurationVar(&f.tombstoneHorizon, "tombstone-horizon", 30*24*time.Hour, "purge delete tombstones older than this; keep it longer than any replay window")
 	fs.StringVar(&f.tombstoneSchedule, "tombstone-purge-schedule", "@every 1h", "when to purge old tombstones (empty disables)")
 	fs.StringVar(&f.deadletterRetrySchedule, "deadletter-retry-schedule", "", "when to re-queue dead letters that ran out of transient retries (empty disables)")
@@ -213,6 +215,9 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	}
 	if f.jobTimeout <= 0 {
 		return nil, nil, f, fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
+	}
+	if f.ledgerRetention < f.retention {
+		return nil, nil, f, fmt.Errorf("ledger-retention: %v is shorter than --retention %v: a message replayed from the outbox after its ledger row is gone would be sent again", f.ledgerRetention, f.retention)
 	}
 	if f.abandonedAfter <= 0 {
 		return nil, nil, f, fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
@@ -419,6 +424,13 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		}
 		n, err := relay.DeleteAcknowledged(ctx, pool, schemaName, f.retention, 5000)
 		slog.Info("retention: deleted acknowledged events", "deleted", n, "retention", f.retention)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := s.Add("ledger-retention", f.retentionSchedule, func(ctx context.Context) error {
+		n, err := webhook.PurgeLedger(ctx, pool, schemaName, f.ledgerRetention, 5000)
+		slog.Info("retention: deleted final ledger rows", "deleted", n, "ledger_retention", f.ledgerRetention)
 		return err
 	}); err != nil {
 		return err
