@@ -2,9 +2,14 @@ package relay_test
 
 import (
 	"context"
+	"errors"
+	"hash/fnv"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
@@ -66,4 +71,56 @@ func TestBalancerHandsAStreamOnlyToARelayThatCanLeadIt(t *testing.T) {
 	if len(ra.Leading()) != 1 || len(rb.Leading()) != 2 || !slices.Contains(rb.Leading(), "s3") || led() != 3 {
 		t.Fatalf("A leads %v, B leads %v, %d of 3 streams led", ra.Leading(), rb.Leading(), led())
 	}
+}
+
+// streams drop refuses a stream that a live relay is configured with even
+// while nobody leads it (between two leaders): that relay counts on the
+// stream's progress row to keep what it has not handled.
+func TestDropStreamRefusesAStreamALiveRelayServes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	// A relay that says it can lead s1 and s2 and leads neither (a hung
+	// process holding its session), next to a real one with both.
+	conn, err := pgx.Connect(ctx, schematest.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `INSERT INTO "`+e.schema+`".relays (pid, streams) VALUES (pg_backend_pid(), '{s1,s2}')`); err != nil {
+		t.Logf("advertise: %v", err)
+	}
+	h := fnv.New64a()
+	h.Write([]byte("outboxd.members\x00" + e.schema))
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1)`, int64(h.Sum64())); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config(newRecordingSink())
+	cfg.Streams = []relay.Stream{{Name: "s1", BucketHi: 1023}, {Name: "s2", BucketHi: 1023}}
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	schematest.Eventually(t, 15*time.Second, "the relay leads one of the two streams", func() bool { return len(r.Leading()) == 1 })
+	unled := "s1"
+	if r.Leading()[0] == "s1" {
+		unled = "s2"
+	}
+	if _, err := ensureProgressRow(ctx, e, unled); err != nil {
+		t.Fatal(err)
+	}
+	err = relay.DropStream(ctx, e.pool, e.schema, unled, "alice")
+	if !errors.Is(err, relay.ErrStreamLed) || !strings.Contains(err.Error(), "a live relay is configured with it") {
+		t.Fatalf("drop of %s, which a live relay serves: got %v", unled, err)
+	}
+}
+
+// ensureProgressRow makes sure the stream has a progress row to drop.
+func ensureProgressRow(ctx context.Context, e *env, stream string) (int64, error) {
+	tag, err := e.pool.Exec(ctx, `INSERT INTO "`+e.schema+`".progress (stream, done_snapshot) VALUES ($1, '1:1:') ON CONFLICT DO NOTHING`, stream)
+	return tag.RowsAffected(), err
 }
