@@ -179,10 +179,16 @@ func (r *Relay) Streams() []Stream { return r.cfg.Streams }
 // shutdown and an error (e.g. a *ProgressError) when a stream cannot go on.
 func (r *Relay) Run(ctx context.Context) error {
 	if err := r.register(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // shut down before it began: nothing to report
+		}
 		return err
 	}
 	member := &membership{r: r}
 	if err := member.join(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	defer member.close(ctx)

@@ -135,7 +135,7 @@ func runRelay(ctx context.Context, args []string) error {
 		go func() { adminErr <- srv.Run(ctx) }()
 	}
 
-	if n, err := webhook.RequeueWaiting(ctx, pool, db.schema, destinationNames(f.destinations)); err != nil {
+	if n, err := webhook.RequeueWaiting(ctx, pool, db.schema, destinationNames(f.destinations)); err != nil && ctx.Err() == nil {
 		return err
 	} else if n > 0 {
 		log.Info("webhook: waiting messages appended again for their destination's stream", "messages", n)
