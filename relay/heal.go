@@ -97,6 +97,10 @@ func (m *membership) join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := m.r.advertise(ctx, conn); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return err
+	}
 	if err := joinMembers(ctx, conn, m.r.member); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
 		return fmt.Errorf("relay: join relays: %w", err)

@@ -134,15 +134,57 @@ func (r *reader) filter(next int) (string, []any) {
 		next += 2
 	}
 	if len(r.stream.Indexes) > 0 {
-		fmt.Fprintf(&b, " AND index_name LIKE ANY($%d)", next)
-		args = append(args, likePatterns(r.stream.Indexes))
-		next++
+		b.WriteString(" AND " + indexPredicate(r.stream.Indexes))
 	}
 	if len(r.stream.Exclude) > 0 {
 		fmt.Fprintf(&b, " AND NOT index_name LIKE ANY($%d)", next)
 		args = append(args, likePatterns(r.stream.Exclude))
 	}
 	return b.String(), args
+}
+
+// indexPredicate selects a stream's indexes in a form the planner can
+// match to an index: literals, not parameters (a generic plan cannot tell
+// a rare index name from a common one), equality for exact names, and for
+// a stream of messages only the message index's own predicate, so that the
+// read costs in proportion to the stream's events, not the outbox's.
+func indexPredicate(names []string) string {
+	exact, messages := true, true
+	quoted := make([]string, len(names))
+	for i, n := range names {
+		exact = exact && !strings.HasSuffix(n, "*")
+		messages = messages && strings.HasPrefix(n, outbox.MessagePrefix)
+		quoted[i] = sqlString(n)
+	}
+	var p string
+	switch {
+	case exact && len(names) == 1:
+		p = "index_name = " + quoted[0]
+	case exact:
+		p = "index_name IN (" + strings.Join(quoted, ", ") + ")"
+	default:
+		pats := likePatterns(names)
+		for i := range pats {
+			pats[i] = sqlString(pats[i])
+		}
+		p = "index_name LIKE ANY (ARRAY[" + strings.Join(pats, ", ") + "])"
+	}
+	if messages {
+		// The predicate of the events_messages index, word for word.
+		p += " AND index_name LIKE '" + outbox.MessagePrefix + "%'"
+	}
+	return p
+}
+
+// sqlString quotes s as an SQL string literal; one with a backslash (a
+// LIKE escape) as an E” literal, which means the same whatever
+// standard_conforming_strings says.
+func sqlString(s string) string {
+	q := strings.ReplaceAll(s, "'", "''")
+	if strings.Contains(s, `\`) {
+		return "E'" + strings.ReplaceAll(q, `\`, `\\`) + "'"
+	}
+	return "'" + q + "'"
 }
 
 // pageSQL reads the next events of a batch after from. The first branch picks up the

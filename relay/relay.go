@@ -116,6 +116,9 @@ type Relay struct {
 	held         map[string]context.CancelFunc // streams this process leads
 	paused       map[string]string             // stream -> why its sink fails; see Paused
 	reconnecting map[string]error              // see Health
+	unled        map[string]time.Time          // stream -> first seen without a leader; see Leaderless
+
+	fleet fleet // which other relays can lead this one's streams
 }
 
 // New checks cfg and returns a Relay; Run starts it.
@@ -175,8 +178,17 @@ func (r *Relay) Streams() []Stream { return r.cfg.Streams }
 // ShutdownTimeout and persists progress. It returns nil after a graceful
 // shutdown and an error (e.g. a *ProgressError) when a stream cannot go on.
 func (r *Relay) Run(ctx context.Context) error {
+	if err := r.register(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // shut down before it began: nothing to report
+		}
+		return err
+	}
 	member := &membership{r: r}
 	if err := member.join(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
 	defer member.close(ctx)
@@ -216,21 +228,30 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// fairShare is how many streams this process should lead given the number
-// of live relays: ceil(streams / relays).
-func (r *Relay) fairShare(ctx context.Context, member *membership) int {
+// fairShare is how many of the streams other relays can lead too this
+// process should lead given the number of live relays: ceil(shared /
+// relays). The streams only it can lead come on top, always led.
+func (r *Relay) fairShare(ctx context.Context, member *membership, exclusive map[string]bool) int {
 	n, err := member.count(ctx)
 	if err != nil || n < 1 {
 		n = 1
 	}
-	total := len(r.cfg.Streams)
+	total := len(r.cfg.Streams) - len(exclusive)
 	return (total + n - 1) / n
 }
 
-func (r *Relay) leadingCount() int {
+// leadingCount counts the streams this process leads, except those only
+// it can lead.
+func (r *Relay) leadingCount(exclusive map[string]bool) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.held)
+	n := 0
+	for s := range r.held {
+		if !exclusive[s] {
+			n++
+		}
+	}
+	return n
 }
 
 // contend stands by for stream s and leads it whenever it can take the
@@ -245,7 +266,8 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 		}
 	}()
 	for {
-		room := r.leadingCount() < r.fairShare(ctx, member)
+		exclusive := r.exclusive(ctx)
+		room := exclusive[s.Name] || r.leadingCount(exclusive) < r.fairShare(ctx, member, exclusive)
 		if !room {
 			r.setReconnecting(s.Name, nil)
 		}
@@ -339,22 +361,31 @@ func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s 
 }
 
 // yieldExtra hands back one stream when this process leads more than its
-// fair share, so a newly started relay gets work. The stream with the
-// greatest name goes, so every process agrees on which.
+// fair share, so a newly started relay gets work. Of the streams another
+// live relay can lead too, the one with the greatest name goes, so every
+// process agrees on which; a stream only this process can lead is never
+// handed away (nobody would take it).
 func (r *Relay) yieldExtra(ctx context.Context, member *membership, stream string) bool {
-	if r.leadingCount() <= 1 {
+	r.mu.Lock()
+	held := len(r.held)
+	r.mu.Unlock()
+	if held <= 1 {
 		// A fair share is never below one stream: no need to count the
 		// relays (a query on pg_locks every lease interval) to know that.
 		return false
 	}
-	share := r.fairShare(ctx, member)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.held) <= share {
+	exclusive := r.exclusive(ctx)
+	if exclusive[stream] {
 		return false
 	}
+	share := r.fairShare(ctx, member, exclusive)
+	if r.leadingCount(exclusive) <= share {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	for s := range r.held {
-		if s > stream {
+		if s > stream && !exclusive[s] {
 			return false
 		}
 	}

@@ -137,6 +137,17 @@ func DropStream(ctx context.Context, db Beginner, schemaName, stream, operator s
 			}
 			return fail(fmt.Errorf("%w%s: stop it or remove the stream from its configuration first", ErrStreamLed, who))
 		}
+		// A live relay configured with the stream counts on its progress
+		// row to keep what it has not handled (the unrouted stream passes
+		// such messages over): between two leaders is no time to drop it.
+		var configured bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+id+`.relays m WHERE $1 = ANY(m.streams) AND `+liveRelay("$2::bigint")+`)`,
+			stream, memberKey(schemaName)).Scan(&configured); err != nil {
+			return fail(err)
+		}
+		if configured {
+			return fail(fmt.Errorf("%w: a live relay is configured with it: remove the stream from its configuration first", ErrStreamLed))
+		}
 		var s StreamInfo
 		var lo, hi int16
 		err := tx.QueryRow(ctx, `DELETE FROM `+id+`.progress WHERE stream = $1

@@ -17,6 +17,9 @@
 // (in_flight=false). So whatever stops the relay, the ledger tells what
 // may have happened:
 //
+//   - waiting: no live relay serves the destination (UnroutedSink wrote
+//     the row); the destination's sink takes the row over when it reads
+//     the message, once a relay serves it.
 //   - no claim: nothing was sent; the next leader sends.
 //   - a claim with no recorded answer (in_flight): the request may have
 //     been received. The message is not sent again unless the destination

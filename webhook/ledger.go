@@ -16,6 +16,9 @@ const (
 	StateFailed    = "failed"    // the receiver refused it (4xx), or retries ran out
 	StateSkipped   = "skipped"   // the eligibility check said no; nothing was sent
 	StateUnknown   = "unknown"   // it may or may not have been received: an operator decides
+	// No live relay serves the destination (yet): the message waits, and
+	// the destination's sink takes it over once a relay serves it.
+	StateWaiting = "waiting"
 )
 
 // ledger is the delivery ledger of one schema.
@@ -36,15 +39,22 @@ type entry struct {
 // reserve inserts the (destination, key) row for message id, or finds the
 // row that is already there and records id as a duplicate of it. The
 // primary key makes this atomic: of two messages with one key, exactly one
-// owns the row. initial is the state of a new row.
+// owns the row. initial is the state of a new row. The owner of a waiting
+// row takes it over with any other initial state, its reserved age
+// starting then.
 func (l *ledger) reserve(ctx context.Context, dest, key string, id int64, payload []byte, initial, reason string) (entry, error) {
 	var e entry
 	err := l.pool.QueryRow(ctx, `INSERT INTO `+l.schema+`.deliveries AS d
 			(destination, dedupe_key, event_id, payload, state, last_error, finished_at)
-		VALUES ($1, $2, $3, $4, $5, nullif($6, ''), CASE WHEN $5 = 'reserved' THEN NULL ELSE now() END)
+		VALUES ($1, $2, $3, $4, $5, nullif($6, ''), CASE WHEN $5 IN ('reserved', 'waiting') THEN NULL ELSE now() END)
 		ON CONFLICT (destination, dedupe_key) DO UPDATE
-		SET duplicates = d.duplicates || EXCLUDED.event_id
-		WHERE d.event_id <> EXCLUDED.event_id AND NOT EXCLUDED.event_id = ANY(d.duplicates)
+		SET duplicates = CASE WHEN d.event_id = EXCLUDED.event_id THEN d.duplicates ELSE d.duplicates || EXCLUDED.event_id END,
+		    state = CASE WHEN d.event_id = EXCLUDED.event_id THEN EXCLUDED.state ELSE d.state END,
+		    finished_at = CASE WHEN d.event_id = EXCLUDED.event_id THEN EXCLUDED.finished_at ELSE d.finished_at END,
+		    reserved_at = CASE WHEN d.event_id = EXCLUDED.event_id THEN now() ELSE d.reserved_at END,
+		    last_error = CASE WHEN d.event_id = EXCLUDED.event_id THEN coalesce(EXCLUDED.last_error, d.last_error) ELSE d.last_error END
+		WHERE (d.event_id <> EXCLUDED.event_id AND NOT EXCLUDED.event_id = ANY(d.duplicates))
+		   OR (d.event_id = EXCLUDED.event_id AND d.state = 'waiting' AND EXCLUDED.state <> 'waiting')
 		RETURNING d.event_id, d.state, d.attempts, d.in_flight, d.uncertain`,
 		dest, key, id, string(payload), initial, reason).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain)
 	if !errors.Is(err, pgx.ErrNoRows) {

@@ -59,21 +59,23 @@ func (m *Metrics) count(dest, state string) {
 // time, so every relay and the operator see the same numbers:
 // outboxd_messages_total{destination,state}, outboxd_messages_unknown
 // (outcomes waiting for an operator) and
-// outboxd_messages_oldest_reserved_seconds{destination}.
+// outboxd_messages_oldest_reserved_seconds{destination} and
+// outboxd_webhook_waiting{destination} (messages no live relay serves).
 type LedgerCollector struct {
 	pool   *pgxpool.Pool
 	schema string // quoted
 
-	total, unknown, oldest *prometheus.Desc
+	total, unknown, oldest, waiting *prometheus.Desc
 }
 
 // NewLedgerCollector returns a collector over schema's ledger.
 func NewLedgerCollector(pool *pgxpool.Pool, schemaIdent string) *LedgerCollector {
 	return &LedgerCollector{
 		pool: pool, schema: schemaIdent,
-		total:   prometheus.NewDesc("outboxd_messages_total", "Messages in the delivery ledger by destination and state (reserved, delivered, failed, skipped, unknown).", []string{"destination", "state"}, nil),
+		total:   prometheus.NewDesc("outboxd_messages_total", "Messages in the delivery ledger by destination and state (waiting, reserved, delivered, failed, skipped, unknown).", []string{"destination", "state"}, nil),
 		unknown: prometheus.NewDesc("outboxd_messages_unknown", "Messages whose outcome is unknown, waiting for an operator (outboxd deliveries list --state unknown).", nil, nil),
 		oldest:  prometheus.NewDesc("outboxd_messages_oldest_reserved_seconds", "Age of the oldest message still being delivered, by destination.", []string{"destination"}, nil),
+		waiting: prometheus.NewDesc("outboxd_webhook_waiting", "Messages waiting for a relay that serves their destination (none live has it configured), by destination.", []string{"destination"}, nil),
 	}
 }
 
@@ -81,6 +83,7 @@ func (c *LedgerCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.total
 	ch <- c.unknown
 	ch <- c.oldest
+	ch <- c.waiting
 }
 
 func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
@@ -109,6 +112,8 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 			unknown += float64(n)
 		case StateReserved:
 			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, dest)
+		case StateWaiting:
+			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(n), dest)
 		}
 	}
 	if rows.Err() != nil {

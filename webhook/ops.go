@@ -41,7 +41,7 @@ type Filter struct {
 	Limit       int // default 100
 }
 
-var states = []string{StateReserved, StateDelivered, StateFailed, StateSkipped, StateUnknown}
+var states = []string{StateWaiting, StateReserved, StateDelivered, StateFailed, StateSkipped, StateUnknown}
 
 const deliveryColumns = `destination, dedupe_key, event_id, state, attempts, uncertain, last_status, coalesce(last_error, ''),
 	cardinality(duplicates), reserved_at, updated_at, finished_at, coalesce(resolved_by, '')`
@@ -87,7 +87,7 @@ func List(ctx context.Context, pool *pgxpool.Pool, schemaName string, f Filter) 
 const (
 	ResolveDelivered = "delivered" // the receiver has it (checked by hand)
 	ResolveFailed    = "failed"    // it will not be sent
-	ResolveRetry     = "retry"     // send it again: a new message with the same key takes the reservation
+	ResolveRetry     = "retry"     // send it again: a new message with the same key takes the row (waiting until a sink takes it)
 )
 
 // Resolve settles one message that is unknown, failed or skipped, in one
@@ -183,8 +183,11 @@ func settle(ctx context.Context, tx pgx.Tx, id string, row ledgerRow, action, op
 	if err := tx.QueryRow(ctx, `SELECT `+id+`.append_message($1, $2, $3)`, row.destination, row.key, string(row.payload)).Scan(&next); err != nil {
 		return "", err
 	}
-	_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = 'reserved', event_id = $3, attempts = 0, in_flight = false,
-		uncertain = false, finished_at = NULL, updated_at = now(), resolved_by = $4,
+	// Waiting, not reserved: the destination's sink takes the row over
+	// when it reads the new message, and until a relay serves the
+	// destination it waits in plain view, its age from now.
+	_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = 'waiting', event_id = $3, attempts = 0, in_flight = false,
+		uncertain = false, finished_at = NULL, reserved_at = now(), updated_at = now(), resolved_by = $4,
 		last_error = 'retry requested by ' || $4 || ' (was ' || state || ')'
 		WHERE destination = $1 AND dedupe_key = $2`, row.destination, row.key, next, operator)
 	if row.onceUnknown && row.state != StateDelivered {

@@ -11,21 +11,30 @@ import (
 	"github.com/outboxd/outboxd/schema"
 )
 
-// UnroutedSink takes the messages for destinations this relay does not
-// know: each is recorded in the ledger as failed with the reason, never
-// sent. Give it a stream over all of outbox.MessagePrefix+"*": messages
-// for the configured destinations are left to their own streams (Stale
-// here). Its filter thus never changes when destinations are added or
-// removed. Once the destination is configured, an operator sends such a
-// message with outboxd deliveries resolve --retry.
+// UnroutedSink sees every message (give it a stream over all of
+// outbox.MessagePrefix+"*", on every relay, with or without destinations)
+// and makes sure each one has a ledger row however the relays are
+// configured: a message whose destination no live relay serves is
+// recorded as waiting, never failed and never sent here; the
+// destination's own sink takes it over once a relay serves it. Messages
+// of served destinations pass through: their own streams record them.
+// Its filter thus never changes when destinations are added or removed.
 type UnroutedSink struct {
 	ledger     ledger
 	configured map[string]bool
+	served     ServedFunc
 	metrics    *Metrics
 }
 
+// ServedFunc reports which of the given destinations a live relay serves
+// in a way that keeps their messages until its sink has recorded them
+// (outboxd relay: the destination's stream is registered and advertised by
+// a live relay).
+type ServedFunc func(ctx context.Context, destinations []string) (map[string]bool, error)
+
 // NewUnroutedSink returns the sink for messages whose destination is not
-// among configured.
+// served. Without SetServed, the destinations in configured count as
+// served and every other as unserved.
 func NewUnroutedSink(pool *pgxpool.Pool, schemaName string, configured []string, m *Metrics) (*UnroutedSink, error) {
 	if pool == nil {
 		return nil, errors.New("webhook: unrouted sink: Pool is required")
@@ -44,31 +53,63 @@ func NewUnroutedSink(pool *pgxpool.Pool, schemaName string, configured []string,
 	return u, nil
 }
 
+// SetServed makes f decide which destinations are served, for relays
+// whose fleet may serve destinations this one does not.
+func (u *UnroutedSink) SetServed(f ServedFunc) { u.served = f }
+
+// passThrough is the outcome of a message its destination's stream records.
+var passThrough = outbox.Outcome{Status: outbox.Stale, Reason: "recorded by the destination's own stream"}
+
 func (u *UnroutedSink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	outs := make([]outbox.Outcome, len(events))
+	served, err := u.servedOf(ctx, events)
+	if err != nil {
+		return nil, err
+	}
 	for i, e := range events {
 		dest, ok := outbox.MessageDestination(e.IndexName)
 		if !ok {
 			outs[i] = outbox.Outcome{Status: outbox.Rejected, Reason: fmt.Sprintf("index %q is not a message: check the stream's index filter", e.IndexName)}
 			continue
 		}
-		if u.configured[dest] {
-			outs[i] = outbox.Outcome{Status: outbox.Stale, Reason: "delivered by the destination's own stream"}
+		if served[dest] {
+			outs[i] = passThrough
 			continue
 		}
-		ent, err := u.ledger.reserve(ctx, dest, e.SourceID, e.ID, e.Document, StateFailed,
-			fmt.Sprintf("destination %q is not configured on the relay (--destination %s=URL,...)", dest, dest))
+		ent, err := u.ledger.reserve(ctx, dest, e.SourceID, e.ID, e.Document, StateWaiting,
+			fmt.Sprintf("no live relay serves destination %q (--destination %s=URL,...): waiting for one", dest, dest))
 		if err != nil {
 			return nil, err
 		}
-		switch {
-		case ent.eventID != e.ID:
-			u.metrics.count(dest, "duplicate")
-			outs[i] = outbox.Outcome{Status: outbox.Stale, Reason: fmt.Sprintf("duplicate of message %d", ent.eventID)}
-		default:
-			u.metrics.count(dest, ent.state)
-			outs[i] = applied
+		if ent.eventID == e.ID && ent.state == StateWaiting {
+			u.metrics.count(dest, StateWaiting)
 		}
+		// Recorded (as waiting, as a duplicate, or already by its own
+		// stream): the destination's sink delivers it when one runs.
+		outs[i] = passThrough
 	}
 	return outs, nil
+}
+
+// servedOf asks once per page which of its destinations are served.
+func (u *UnroutedSink) servedOf(ctx context.Context, events []outbox.Event) (map[string]bool, error) {
+	if u.served == nil {
+		return u.configured, nil
+	}
+	seen := map[string]bool{}
+	var dests []string
+	for _, e := range events {
+		if d, ok := outbox.MessageDestination(e.IndexName); ok && !seen[d] {
+			seen[d] = true
+			dests = append(dests, d)
+		}
+	}
+	if len(dests) == 0 {
+		return nil, nil
+	}
+	served, err := u.served(ctx, dests)
+	if err != nil {
+		return nil, fmt.Errorf("webhook: unrouted: which destinations are served: %w", err)
+	}
+	return served, nil
 }

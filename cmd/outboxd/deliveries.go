@@ -19,16 +19,18 @@ func init() {
 }
 
 const deliveriesUsage = `Usage:
-  outboxd deliveries list    [--state reserved|delivered|failed|skipped|unknown] [--destination D] [--limit 100] [--json]
+  outboxd deliveries list    [--state waiting|reserved|delivered|failed|skipped|unknown] [--destination D] [--limit 100] [--json]
   outboxd deliveries resolve KEY --destination D (--delivered | --failed | --retry) [--operator NAME] [--json]
 
 The delivery ledger has one row per (destination, dedupe key). A message whose request may have
 reached a receiver that does not dedupe (a timeout or a reset after sending, or a relay stopped
 mid-request) is "unknown" and is never sent again on its own: check with the receiver, then
 resolve it --delivered (it arrived), --failed (give up) or --retry (send it again under the same
-Idempotency-Key). Failed and skipped messages can be resolved the same way. Every resolution is
-recorded in audit_log with the operator (--operator, default the OS user). A --retry of a
-message that was ever unknown warns: the receiver may already have applied it.
+Idempotency-Key). Failed and skipped messages can be resolved the same way. A message retried
+(or appended) for a destination no live relay serves is "waiting" until a relay with that
+--destination starts. Every resolution is recorded in audit_log with the operator (--operator,
+default the OS user). A --retry of a message that was ever unknown warns: the receiver may
+already have applied it.
 
 resolve --all settles every message of one destination in one state (finished since --since,
 an RFC 3339 time or a duration ago like 2h) in one audited transaction, and prints the count.
@@ -61,7 +63,7 @@ func deliveries(ctx context.Context, args []string, out io.Writer) error {
 	var operator, since string
 	switch action {
 	case "list":
-		fs.StringVar(&f.State, "state", "", "only this state: reserved, delivered, failed, skipped or unknown")
+		fs.StringVar(&f.State, "state", "", "only this state: waiting, reserved, delivered, failed, skipped or unknown")
 		fs.IntVar(&f.Limit, "limit", 100, "rows at most, oldest first")
 	case "resolve":
 		fs.BoolVar(&delivered, "delivered", false, "the receiver has it")

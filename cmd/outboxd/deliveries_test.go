@@ -111,7 +111,8 @@ func TestDeliveriesCommand(t *testing.T) {
 		body = scrape()
 		return strings.Contains(body, `outboxd_messages_total{destination="fast",state="delivered"} 1`) &&
 			strings.Contains(body, `outboxd_messages_total{destination="slow",state="unknown"} 1`) &&
-			strings.Contains(body, `outboxd_messages_total{destination="nowhere",state="failed"} 1`) &&
+			strings.Contains(body, `outboxd_messages_total{destination="nowhere",state="waiting"} 1`) &&
+			strings.Contains(body, `outboxd_webhook_waiting{destination="nowhere"} 1`) &&
 			strings.Contains(body, `outboxd_messages_unknown 1`) &&
 			strings.Contains(body, `outboxd_messages_oldest_reserved_seconds{destination="down"}`)
 	})
@@ -134,7 +135,7 @@ func TestDeliveriesCommand(t *testing.T) {
 			t.Fatalf("got %+v", ds)
 		}
 		table, err := run("list", "--destination", "nowhere")
-		if err != nil || !strings.Contains(table, `destination "nowhere" is not configured`) {
+		if err != nil || !strings.Contains(table, `no live relay serves destination "nowhere"`) || !strings.Contains(table, "waiting") {
 			t.Fatalf("the table lacks the reason (%v):\n%s", err, table)
 		}
 	})

@@ -43,7 +43,9 @@ func TestRelayMemoryLimit(t *testing.T) {
 		return limit
 	}
 	t.Run("auto: 32 MiB and (prefetch + 2 x in-flight + 1) pages per stream", func(t *testing.T) {
-		if got, want := limitOf(t, "--batch-bytes", "1048576"), int64(32<<20+(2+2*3+1)<<20); got != want {
+		// Two streams: the search stream and the unrouted message stream
+		// every relay runs.
+		if got, want := limitOf(t, "--batch-bytes", "1048576"), int64(32<<20+2*(2+2*3+1)<<20); got != want {
 			t.Fatalf("limit %d, want %d", got, want)
 		}
 	})

@@ -55,6 +55,7 @@ type relayFlags struct {
 	adminHosts              listFlag
 	retention               time.Duration
 	retentionSchedule       string
+	ledgerRetention         time.Duration
 	tombstoneHorizon        time.Duration
 	tombstoneSchedule       string
 	deadletterRetrySchedule string
@@ -134,6 +135,11 @@ func runRelay(ctx context.Context, args []string) error {
 		go func() { adminErr <- srv.Run(ctx) }()
 	}
 
+	if n, err := webhook.RequeueWaiting(ctx, pool, db.schema, destinationNames(f.destinations)); err != nil && ctx.Err() == nil {
+		return err
+	} else if n > 0 {
+		log.Info("webhook: waiting messages appended again for their destination's stream", "messages", n)
+	}
 	log.Info("relay starting", "schema", db.schema, "elasticsearch", esCfg.String())
 	if err := r.Run(ctx); err != nil {
 		return err
@@ -185,7 +191,8 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.StringVar(&f.adminToken, "admin-token", "", "bearer token required by the admin server (prefer env OUTBOXD_ADMIN_TOKEN)")
 	fs.Var(&f.adminHosts, "admin-host", "a `NAME` the admin server answers to without --admin-token, besides its own address (DNS rebinding protection); repeatable or comma-separated, e.g. relay-1,relay-1.internal:9464")
 	fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "keep acknowledged events this long (for replay) before deleting them")
-	fs.StringVar(&f.retentionSchedule, "retention-schedule", "@every 10m", "when to delete acknowledged events past retention (cron or @every; empty disables)")
+	fs.StringVar(&f.retentionSchedule, "retention-schedule", "@every 10m", "when to delete acknowledged events past retention, and final ledger rows past --ledger-retention (cron or @every; empty disables)")
+	fs.DurationVar(&f.ledgerRetention, "ledger-retention", webhook.DefaultLedgerRetention, "keep final webhook ledger rows (delivered, failed, skipped; payload included) this long after they finished; at least --retention, since the ledger is what stops a replayed message from being sent twice")
 	fs.DurationVar(&f.tombstoneHorizon, "tombstone-horizon", 30*24*time.Hour, "purge delete tombstones older than this; keep it longer than any replay window")
 	fs.StringVar(&f.tombstoneSchedule, "tombstone-purge-schedule", "@every 1h", "when to purge old tombstones (empty disables)")
 	fs.StringVar(&f.deadletterRetrySchedule, "deadletter-retry-schedule", "", "when to re-queue dead letters that ran out of transient retries (empty disables)")
@@ -208,6 +215,9 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	}
 	if f.jobTimeout <= 0 {
 		return nil, nil, f, fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
+	}
+	if f.ledgerRetention < f.retention {
+		return nil, nil, f, fmt.Errorf("ledger-retention: %v is shorter than --retention %v: a message replayed from the outbox after its ledger row is gone would be sent again", f.ledgerRetention, f.retention)
 	}
 	if f.abandonedAfter <= 0 {
 		return nil, nil, f, fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
@@ -307,6 +317,7 @@ func newAdminServer(pool *pgxpool.Pool, schemaName string, client *elasticsearch
 			"elasticsearch": func(ctx context.Context) error { return indexer.Ping(ctx, client) },
 			"sink":          func(context.Context) error { return pausedError(r) },
 			"relay":         func(context.Context) error { return r.Health() },
+			"leaders":       r.LeaderlessError,
 		},
 		Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
 		Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
@@ -326,18 +337,16 @@ func (l *listFlag) Set(v string) error {
 }
 
 // messageStreams gives each --destination a stream and sink of its own (a
-// slow receiver holds back only its own messages) and, when any is set, a
-// stream that fails the messages of destinations nobody configured. The
-// ledger's gauges go on /metrics.
+// slow receiver holds back only its own messages) and, on every relay, the
+// unrouted stream that records as waiting the messages of destinations no
+// live relay serves: every committed message gets a ledger row, whatever
+// the relays' flags. The ledger's gauges go on /metrics.
 func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err
 	}
 	reg.MustRegister(webhook.NewLedgerCollector(pool, id))
-	if len(specs) == 0 {
-		return nil, nil
-	}
 	m := webhook.NewMetrics(reg)
 	var out []relay.Stream
 	var names []string
@@ -355,13 +364,42 @@ func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *
 		}
 		log.Info("webhook destination", "destination", d.String())
 		names = append(names, d.Name)
-		out = append(out, relay.Stream{Name: "webhook-" + d.Name, BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink})
+		out = append(out, relay.Stream{Name: messageStream(d.Name), BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink})
 	}
 	unrouted, err := webhook.NewUnroutedSink(pool, schemaName, names, m)
 	if err != nil {
 		return nil, err
 	}
+	unrouted.SetServed(func(ctx context.Context, dests []string) (map[string]bool, error) {
+		streams := make([]string, len(dests))
+		for i, d := range dests {
+			streams[i] = messageStream(d)
+		}
+		led, err := relay.Served(ctx, pool, schemaName, streams)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]bool, len(dests))
+		for _, d := range dests {
+			out[d] = led[messageStream(d)]
+		}
+		return out, nil
+	})
 	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted}), nil
+}
+
+// messageStream is the name of a destination's stream.
+func messageStream(destination string) string { return "webhook-" + destination }
+
+// destinationNames are the names of the --destination flags.
+func destinationNames(specs []string) []string {
+	var names []string
+	for _, spec := range specs {
+		if name, _, ok := strings.Cut(spec, "="); ok {
+			names = append(names, strings.TrimSpace(name))
+		}
+	}
+	return names
 }
 
 // checkIndexSpec asks up to one node per address: a request that cannot
@@ -379,8 +417,20 @@ func checkIndexSpec(ctx context.Context, client *elasticsearch.Client, spec []by
 
 func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, schemaName string, f relayFlags) error {
 	if err := s.Add("outbox-retention", f.retentionSchedule, func(ctx context.Context) error {
+		// Waiting messages of a destination served here whose event went
+		// before it was served get one the destination's stream reads.
+		if _, err := webhook.RequeueWaiting(ctx, pool, schemaName, destinationNames(f.destinations)); err != nil {
+			return err
+		}
 		n, err := relay.DeleteAcknowledged(ctx, pool, schemaName, f.retention, 5000)
 		slog.Info("retention: deleted acknowledged events", "deleted", n, "retention", f.retention)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := s.Add("ledger-retention", f.retentionSchedule, func(ctx context.Context) error {
+		n, err := webhook.PurgeLedger(ctx, pool, schemaName, f.ledgerRetention, 5000)
+		slog.Info("retention: deleted final ledger rows", "deleted", n, "ledger_retention", f.ledgerRetention)
 		return err
 	}); err != nil {
 		return err

@@ -117,7 +117,15 @@ func TestRelayCommandPausesOnARefusedConfiguration(t *testing.T) {
 		} `json:"streams"`
 	}
 	schematest.Eventually(t, 20*time.Second, "the dashboard's summary shows why the stream is paused", func() bool {
-		return get("/api/summary", &sum) == http.StatusOK && len(sum.Streams) == 1 && strings.Contains(sum.Streams[0].Paused, "include_source_on_error")
+		if get("/api/summary", &sum) != http.StatusOK {
+			return false
+		}
+		for _, s := range sum.Streams {
+			if s.Stream == "default" && strings.Contains(s.Paused, "include_source_on_error") {
+				return true
+			}
+		}
+		return false
 	})
 	time.Sleep(time.Second) // more rounds than --max-attempts
 	var dead int

@@ -6,12 +6,14 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -68,6 +70,13 @@ func readCounters(g prometheus.Gatherer) (*counters, error) {
 			switch name {
 			case "outboxd_events_total":
 				idx := labels["index"]
+				if strings.HasPrefix(idx, outbox.MessagePrefix) {
+					// Webhook messages are reported by ledger state only
+					// (outboxd_messages_total): their relay outcomes say
+					// nothing of the receiver's answer, and the unrouted
+					// stream passes every routed message through.
+					continue
+				}
 				if c.byIndex[idx] == nil {
 					c.byIndex[idx] = map[string]float64{}
 				}
@@ -116,6 +125,7 @@ func (c *counters) message(dest string) *MessageView {
 // delivery ledger by state.
 type MessageView struct {
 	Destination    string  `json:"destination"`
+	Waiting        float64 `json:"waiting"` // no live relay serves the destination
 	Reserved       float64 `json:"reserved"`
 	Delivered      float64 `json:"delivered"`
 	Failed         float64 `json:"failed"`
@@ -126,6 +136,8 @@ type MessageView struct {
 
 func (v *MessageView) add(state string, n float64) {
 	switch state {
+	case "waiting":
+		v.Waiting += n
 	case "reserved":
 		v.Reserved += n
 	case "delivered":
