@@ -128,7 +128,7 @@ func NewClient(c ClientConfig) (*elasticsearch.Client, error) {
 		Password:     c.Password,
 		APIKey:       c.APIKey,
 		DisableRetry: true,
-		Transport: deadlineTransport{timeout: timeout, next: &http.Transport{
+		Transport: productTransport{next: deadlineTransport{timeout: timeout, next: &http.Transport{
 			Proxy:                 http.ProxyFromEnvironment,
 			DialContext:           (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
 			TLSClientConfig:       tlsCfg,
@@ -137,7 +137,7 @@ func NewClient(c ClientConfig) (*elasticsearch.Client, error) {
 			ExpectContinueTimeout: time.Second,
 			MaxIdleConnsPerHost:   32,
 			IdleConnTimeout:       90 * time.Second,
-		}},
+		}}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("indexer: %w", err)
@@ -227,4 +227,20 @@ func (b *cancelOnClose) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel()
 	return err
+}
+
+// productTransport lets the v8 client talk to OpenSearch: the client
+// refuses every 2xx answer without "X-Elastic-Product: Elasticsearch"
+// (which OpenSearch does not send) and offers no switch to skip that
+// check, so the header is supplied here, below the client. The product is
+// told by detectVersion instead, from GET /, and every request whose
+// parameters differ between the products is built for the one detected.
+type productTransport struct{ next http.RoundTripper }
+
+func (p productTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := p.next.RoundTrip(req)
+	if err == nil && res.Header.Get("X-Elastic-Product") == "" {
+		res.Header.Set("X-Elastic-Product", "Elasticsearch")
+	}
+	return res, err
 }

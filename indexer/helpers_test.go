@@ -57,6 +57,17 @@ func dropIndices(t testing.TB, es *elasticsearch.Client, name string) {
 	}
 }
 
+// openSearch reports whether es is OpenSearch, for the few checks whose API
+// path or wording differs between the products.
+func openSearch(t testing.TB, es *elasticsearch.Client) bool {
+	t.Helper()
+	_, os, err := Server(context.Background(), es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os
+}
+
 func newSink(t testing.TB, o Options) *Sink {
 	t.Helper()
 	s, err := NewSink(o)
