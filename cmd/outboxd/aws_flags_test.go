@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 )
@@ -18,7 +19,8 @@ func TestAWSSigV4Flags(t *testing.T) {
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
 	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDFROMENV")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret-from-env")
-	t.Setenv("ELASTICSEARCH_URL", "")
+	t.Setenv("ELASTICSEARCH_URL", "") // restored at the end
+	os.Unsetenv("ELASTICSEARCH_URL")
 	t.Setenv("OPENSEARCH_URL", "https://search-d.eu-west-1.es.amazonaws.com")
 	parse := func(args ...string) *esFlags {
 		t.Helper()
