@@ -68,6 +68,17 @@ func openSearch(t testing.TB, es *elasticsearch.Client) bool {
 	return os
 }
 
+// currentElasticsearch reports whether es is Elasticsearch 8.18 or later,
+// for the tests that fake a current server's behaviour in front of it.
+func currentElasticsearch(t testing.TB, es *elasticsearch.Client) bool {
+	t.Helper()
+	v, err := serverOf(context.Background(), es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.sourceOnErrorParam()
+}
+
 func newSink(t testing.TB, o Options) *Sink {
 	t.Helper()
 	s, err := NewSink(o)

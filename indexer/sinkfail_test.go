@@ -234,6 +234,9 @@ func TestSinkServerVersion(t *testing.T) {
 		if openSearch(t, es) {
 			t.Skip("fakes Elasticsearch's versions in front of the server: Elasticsearch only")
 		}
+		if !currentElasticsearch(t, es) {
+			t.Skip("needs a server that takes include_source_on_error (Elasticsearch 8.18 or later)")
+		}
 		pool, schemaName := schematest.Setup(t)
 		p := newFaultProxy(t)
 		// The server says 8.19 but refuses the parameter: every bulk fails
@@ -281,6 +284,9 @@ func TestSinkServerVersion(t *testing.T) {
 		es, name := setup(t)
 		if openSearch(t, es) {
 			t.Skip("fakes Elasticsearch's versions in front of the server: Elasticsearch only")
+		}
+		if !currentElasticsearch(t, es) {
+			t.Skip("needs a server that takes include_source_on_error (Elasticsearch 8.18 or later)")
 		}
 		p := newFaultProxy(t)
 		p.forbidInfo.Store(true)
