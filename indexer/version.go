@@ -91,10 +91,10 @@ func detectVersion(ctx context.Context, es esapi.Transport) (serverVersion, erro
 		return serverVersion{}, rootErr // no answer
 	}
 	var root rootInfo
-	if rootErr == nil {
-		if err := json.Unmarshal(rootRaw, &root); err != nil {
-			return serverVersion{}, errors.New("indexer: server info: the answer is not JSON")
-		}
+	if rootErr == nil && json.Unmarshal(rootRaw, &root) != nil {
+		// A proxy's landing page, say: no product named, and no version
+		// to fall back on.
+		root, rootErr = rootInfo{}, errors.New("indexer: server info: the answer is not JSON")
 	}
 	var product string
 	switch d := root.Version.Distribution; d {

@@ -25,6 +25,10 @@ func fakeServer(t *testing.T, distribution, number string) string {
 			// Elasticsearch's integ-test distribution has no GET /.
 			w.WriteHeader(http.StatusMethodNotAllowed)
 			io.WriteString(w, `{"error":"Incorrect HTTP method for uri [/] and method [GET], allowed: [POST]","status":405}`)
+		case r.URL.Path == "/" && distribution == "landing-page":
+			// A proxy in front of Elasticsearch that answers / itself.
+			w.Header().Set("Content-Type", "text/html")
+			io.WriteString(w, `<html><body>Search cluster</body></html>`)
 		case r.URL.Path == "/":
 			io.WriteString(w, `{"name":"n1","version":{"distribution":"`+distribution+`","number":"`+number+`"},"tagline":"The OpenSearch Project: https://opensearch.org/"}`)
 		case strings.HasPrefix(r.URL.Path, "/_nodes"):
@@ -50,6 +54,7 @@ func TestServerDetection(t *testing.T) {
 		{"", "8.19.14", "Elasticsearch 8.19.14", "", true},
 		{"", "8.0.1", "Elasticsearch 8.0.1", "", false},
 		{"", "9.2.4", "Elasticsearch 9.2.4", "", true},
+		{"landing-page", "8.19.14", "Elasticsearch 8.19.14", "", true},
 		{"opensearch", "1.3.20", "", "OpenSearch 1.3.20 is not supported; outboxd needs OpenSearch 2.0 or later", false},
 		{"", "7.17.28", "", "Elasticsearch 7.17.28 is not supported; outboxd needs Elasticsearch 8.0 or later", false},
 		{"fakesearch", "1.0.0", "", "the server is fakesearch 1.0.0: outboxd supports Elasticsearch 8.0 and later and OpenSearch 2.0 and later", false},
