@@ -12,7 +12,7 @@ TESTFLAGS ?=
 # Packages to test, e.g. make test PKGS=./indexer/...
 PKGS ?= ./...
 
-.PHONY: help build services-up services-down services-status test test-cluster test-unit vet demo bench clean
+.PHONY: help build services-up services-down services-status test test-compat test-cluster test-unit vet demo bench clean
 
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,6 +41,9 @@ test: ## Full suite (race detector) against real servers; starts them first
 	elif [[ -n "$${DATABASE_URL:-}" && "$${DATABASE_URL}" != "postgres://postgres@127.0.0.1:$${OUTBOXD_PG_PORT:-54329}/outboxd?sslmode=disable" ]]; then \
 		echo "DATABASE_URL points at your own server: skipping the tests that restart the servers"; \
 	else eval "$$(scripts/services env)" && go test -race -count=1 -p 1 -timeout 20m -tags restart -run TestRestart ./indexer/ ./relay/ ./cmd/outboxd/... ./examples/...; fi
+
+test-compat: ## indexer, repair and command tests on OpenSearch 2 and 3, Elasticsearch 9 and 8.0 (one server at a time)
+	scripts/test-compat $(COMPAT_TARGETS)
 
 # The distributed setups: a 3-node Elasticsearch cluster (its own state and
 # ports, CLUSTER_ES_* below, apart from the single node's) and a streaming

@@ -31,6 +31,7 @@ type ClientConfig struct {
 	ClientKeyPath          string        // clusters that require TLS client authentication
 	CertificateFingerprint string        // SHA-256 of a node certificate, pinned
 	Timeout                time.Duration // bounds each request as a whole, connecting included; 0 means 30s
+	AWS                    *AWSSigning   // sign requests with AWS SigV4 (Amazon OpenSearch Service); nil: no signing
 }
 
 // ClientConfigFrom reads the connection settings through getenv: the
@@ -78,6 +79,8 @@ func SplitAddresses(s string) []string {
 func (c ClientConfig) String() string {
 	auth := "none"
 	switch {
+	case c.AWS != nil:
+		auth = "aws-sigv4(" + c.AWS.Service + "," + c.AWS.Region + ")"
 	case c.APIKey != "":
 		auth = "api-key"
 	case c.Username != "":
@@ -122,22 +125,29 @@ func NewClient(c ClientConfig) (*elasticsearch.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	var rt http.RoundTripper = deadlineTransport{timeout: timeout, next: &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       tlsCfg,
+		TLSHandshakeTimeout:   timeout,
+		ResponseHeaderTimeout: timeout,
+		ExpectContinueTimeout: time.Second,
+		MaxIdleConnsPerHost:   32,
+		IdleConnTimeout:       90 * time.Second,
+	}}
+	if c.AWS != nil {
+		if err := c.AWS.check(c); err != nil {
+			return nil, err
+		}
+		rt = newSigV4Transport(*c.AWS, rt)
+	}
 	es, err := elasticsearch.NewClient(elasticsearch.Config{
 		Addresses:    c.Addresses,
 		Username:     c.Username,
 		Password:     c.Password,
 		APIKey:       c.APIKey,
 		DisableRetry: true,
-		Transport: deadlineTransport{timeout: timeout, next: &http.Transport{
-			Proxy:                 http.ProxyFromEnvironment,
-			DialContext:           (&net.Dialer{Timeout: timeout, KeepAlive: 30 * time.Second}).DialContext,
-			TLSClientConfig:       tlsCfg,
-			TLSHandshakeTimeout:   timeout,
-			ResponseHeaderTimeout: timeout,
-			ExpectContinueTimeout: time.Second,
-			MaxIdleConnsPerHost:   32,
-			IdleConnTimeout:       90 * time.Second,
-		}},
+		Transport:    productTransport{next: rt},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("indexer: %w", err)
@@ -227,4 +237,20 @@ func (b *cancelOnClose) Close() error {
 	err := b.ReadCloser.Close()
 	b.cancel()
 	return err
+}
+
+// productTransport lets the v8 client talk to OpenSearch: the client
+// refuses every 2xx answer without "X-Elastic-Product: Elasticsearch"
+// (which OpenSearch does not send) and offers no switch to skip that
+// check, so the header is supplied here, below the client. The product is
+// told by detectVersion instead, from GET /, and every request whose
+// parameters differ between the products is built for the one detected.
+type productTransport struct{ next http.RoundTripper }
+
+func (p productTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	res, err := p.next.RoundTrip(req)
+	if err == nil && res.Header.Get("X-Elastic-Product") == "" {
+		res.Header.Set("X-Elastic-Product", "Elasticsearch")
+	}
+	return res, err
 }

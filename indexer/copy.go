@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -73,7 +74,18 @@ func CopyVersioned(ctx context.Context, es *elasticsearch.Client, index string, 
 		b = append(b, '\n')
 	}
 	*bp = b
-	req := esapi.BulkRequest{Body: bytes.NewReader(b), FilterPath: bulkFilterPath, IncludeSourceOnError: &ptrFalse}
+	v, err := serverOf(ctx, es)
+	if err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return 0, nil, nil, err
+		}
+		return 0, nil, nil, &UnavailableError{Err: err}
+	}
+	req := esapi.BulkRequest{Body: bytes.NewReader(b), FilterPath: bulkFilterPath}
+	if v.sourceOnErrorParam() {
+		req.IncludeSourceOnError = &ptrFalse
+	}
 	res, err := req.Do(ctx, es)
 	if err != nil {
 		if ctx.Err() != nil {

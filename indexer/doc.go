@@ -1,5 +1,29 @@
-// Package indexer is outboxd's Elasticsearch side: the Sink the relay
-// writes to, index bootstrap, tombstone purge, and the client.
+// Package indexer is outboxd's Elasticsearch and OpenSearch side: the Sink
+// the relay writes to, index bootstrap, tombstone purge, and the client.
+// "Elasticsearch" below means either server unless OpenSearch is named.
+//
+// # One client for both servers
+//
+// outboxd keeps go-elasticsearch/v8 for OpenSearch 2.x and 3.x too. The
+// requests the sink and the tools send (_bulk with external versions and
+// require_alias, _mget, filtered aliases, _resolve/index, _seq_no queries,
+// scroll, _stats, index templates) are the APIs both servers inherited
+// from Elasticsearch 7.10, with the same JSON; the only obstacle is the
+// v8 client's product check, which refuses any answer without
+// "X-Elastic-Product: Elasticsearch" and has no switch. productTransport
+// (client.go) supplies that header below the client, so the typed esapi
+// requests, the transport settings (TLS, timeouts, no transport retries)
+// and the request signing for Amazon OpenSearch Service stay one code
+// path. opensearch-go/v4 would have meant a second client behind an
+// interface for every request type the tools use (some twenty), with the
+// version gate and its parsing written twice; the few real differences are
+// better handled where they are: detectVersion (version.go) reads the
+// product from GET / ("distribution": "opensearch") and the oldest node's
+// version, and only the parameters that server accepts are sent
+// (include_source_on_error: Elasticsearch 8.18 and later only). The
+// operator tools' consistent scan uses a point in time sorted by
+// _shard_doc on Elasticsearch and a scroll on OpenSearch, which has no
+// _shard_doc. The gate (gate.go) is the same for both.
 //
 // # Layout in Elasticsearch
 //

@@ -57,6 +57,28 @@ func dropIndices(t testing.TB, es *elasticsearch.Client, name string) {
 	}
 }
 
+// openSearch reports whether es is OpenSearch, for the few checks whose API
+// path or wording differs between the products.
+func openSearch(t testing.TB, es *elasticsearch.Client) bool {
+	t.Helper()
+	_, os, err := Server(context.Background(), es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os
+}
+
+// currentElasticsearch reports whether es is Elasticsearch 8.18 or later,
+// for the tests that fake a current server's behaviour in front of it.
+func currentElasticsearch(t testing.TB, es *elasticsearch.Client) bool {
+	t.Helper()
+	v, err := serverOf(context.Background(), es)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.sourceOnErrorParam()
+}
+
 func newSink(t testing.TB, o Options) *Sink {
 	t.Helper()
 	s, err := NewSink(o)

@@ -78,11 +78,20 @@ func TestLayout(t *testing.T) {
 		if st != 200 || strings.Count(string(b), `"total":{"value":1,`) != 1 || strings.Count(string(b), `"total":{"value":0,`) != 1 {
 			t.Fatalf("_msearch on %s: %d %s", name, st, b)
 		}
-		st, b = esCall(t, es, "POST", "/"+name+"/_pit?keep_alive=1m", "")
-		var pit struct {
-			ID string `json:"id"`
+		// OpenSearch opens a point in time under another path and names its id pit_id.
+		pitPath := "/" + name + "/_pit?keep_alive=1m"
+		if openSearch(t, es) {
+			pitPath = "/" + name + "/_search/point_in_time?keep_alive=1m"
 		}
-		if st != 200 || json.Unmarshal(b, &pit) != nil || pit.ID == "" {
+		st, b = esCall(t, es, "POST", pitPath, "")
+		var pit struct {
+			ID    string `json:"id"`
+			PitID string `json:"pit_id"`
+		}
+		if json.Unmarshal(b, &pit) == nil && pit.ID == "" {
+			pit.ID = pit.PitID
+		}
+		if st != 200 || pit.ID == "" {
 			t.Fatalf("open point in time on %s: %d %s", name, st, b)
 		}
 		st, b = esCall(t, es, "POST", "/_search", `{"size":100,"pit":{"id":"`+pit.ID+`"},"query":{"match_all":{}}}`)

@@ -69,9 +69,11 @@ func (s *Sink) failed(ctx context.Context, w *write, items []int, vt versionType
 	s.settleAll(w, items, outbox.Outcome{Status: outbox.Retry, Reason: reason + " (a request without this event succeeds)"})
 }
 
-// coordinatingBytes finds the sizes in Elasticsearch's indexing-pressure
-// rejection: "coordinating_operation_bytes=N, max_coordinating_bytes=M".
-var coordinatingBytes = regexp.MustCompile(`coordinating_operation_bytes=(\d+), max_coordinating_bytes=(\d+)`)
+// coordinatingBytes finds the sizes in the indexing-pressure rejection:
+// "coordinating_operation_bytes=N, max_coordinating_bytes=M" from
+// Elasticsearch, "..., max_coordinating_and_primary_bytes=M" from
+// OpenSearch.
+var coordinatingBytes = regexp.MustCompile(`coordinating_operation_bytes=(\d+), max_coordinating(?:_and_primary)?_bytes=(\d+)`)
 
 // overPressureLimit reports whether a 429 says the request alone is larger
 // than the node's indexing-pressure limit: retrying cannot help, however

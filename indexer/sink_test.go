@@ -38,7 +38,8 @@ func TestSinkOutcomes(t *testing.T) {
 		s := newSink(t, Options{Client: es})
 		mustWrite(t, s, upsert(name, "a", 1, `{"n":1}`))
 		out := mustWrite(t, s, upsert(name, "b", 1, `{"n":"not a number"}`))
-		if out[0].Status != outbox.Rejected || !strings.Contains(out[0].Reason, "document_parsing_exception") {
+		// document_parsing_exception from Elasticsearch 8.8 on, mapper_parsing_exception before and on OpenSearch
+		if out[0].Status != outbox.Rejected || !strings.Contains(out[0].Reason, "_parsing_exception: ") || !strings.Contains(out[0].Reason, "failed to parse field [n]") {
 			t.Fatalf("got %v %q", out[0].Status, out[0].Reason)
 		}
 	})

@@ -5,32 +5,55 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 )
 
-// Supported Elasticsearch versions: 8.0 and later. Older servers lack
-// parts of the bulk API the sink relies on (require_alias, the compatible
-// error shapes), so the sink refuses them with a ConfigError.
-const minMajor = 8
+// Supported servers: Elasticsearch 8.0 and later, OpenSearch 2.0 and
+// later. Older Elasticsearch lacks parts of the bulk API the sink relies
+// on (require_alias, the compatible error shapes); OpenSearch 1.x is past
+// its end of life and untested. Others get a ConfigError.
+const (
+	minMajor           = 8
+	minOpenSearchMajor = 2
+)
 
-// serverVersion is the oldest Elasticsearch version among the cluster's
+// serverVersion is the product and the oldest version among the cluster's
 // nodes: any node may coordinate a bulk request, so only what the oldest
 // accepts may be sent during a rolling upgrade.
 type serverVersion struct {
 	major, minor int
 	number       string
+	openSearch   bool
+}
+
+func (v serverVersion) String() string {
+	if v.openSearch {
+		return "OpenSearch " + v.number
+	}
+	return "Elasticsearch " + v.number
 }
 
 // sourceOnErrorParam reports whether bulk accepts include_source_on_error
-// (added in 8.18; older servers answer 400 to every bulk that carries it).
+// (Elasticsearch from 8.18; older servers and OpenSearch answer 400 to
+// every bulk that carries it).
 func (v serverVersion) sourceOnErrorParam() bool {
-	return v.major > 8 || v.major == 8 && v.minor >= 18
+	return !v.openSearch && (v.major > 8 || v.major == 8 && v.minor >= 18)
+}
+
+// unsupported says why outboxd refuses the server, or nil.
+func (v serverVersion) unsupported() error {
+	switch {
+	case v.openSearch && v.major < minOpenSearchMajor:
+		return fmt.Errorf("%s is not supported; outboxd needs OpenSearch %d.0 or later", v, minOpenSearchMajor)
+	case !v.openSearch && v.major < minMajor:
+		return fmt.Errorf("%s is not supported; outboxd needs Elasticsearch %d.0 or later (or OpenSearch %d.0 or later)", v, minMajor, minOpenSearchMajor)
+	}
+	return nil
 }
 
 // parseVersion reads "8.19.14" or "8.18.0-SNAPSHOT".
@@ -47,33 +70,52 @@ func parseVersion(s string) (serverVersion, error) {
 	return serverVersion{major: major, minor: minor, number: s}, nil
 }
 
-// detectVersion returns the oldest version among the cluster's nodes.
-// GET / is only the fallback, for credentials without the monitor
-// privilege: it names just the node that answers (and some distributions
-// do not serve it at all).
+// rootInfo is what GET / says: OpenSearch names itself in
+// version.distribution; Elasticsearch has no such field (and its
+// integ-test distribution does not serve GET / at all).
+type rootInfo struct {
+	Version struct {
+		Distribution string `json:"distribution"`
+		Number       string `json:"number"`
+	} `json:"version"`
+}
+
+// detectVersion returns the product and the oldest version among the
+// cluster's nodes. GET / tells the product (and the version, for
+// credentials without the monitor privilege, which the node list needs:
+// it names just the node that answers).
 func detectVersion(ctx context.Context, es esapi.Transport) (serverVersion, error) {
+	rootRaw, rootErr := perform(ctx, es, "server info", esapi.InfoRequest{})
+	var re *ResponseError
+	if rootErr != nil && !errors.As(rootErr, &re) {
+		return serverVersion{}, rootErr // no answer
+	}
+	var root rootInfo
+	if rootErr == nil && json.Unmarshal(rootRaw, &root) != nil {
+		// A proxy's landing page, say: no product named, and no version
+		// to fall back on.
+		root, rootErr = rootInfo{}, errors.New("indexer: server info: the answer is not JSON")
+	}
+	var product string
+	switch d := root.Version.Distribution; d {
+	case "":
+	case "opensearch":
+		product = "OpenSearch"
+	default:
+		return serverVersion{}, &ConfigError{Err: fmt.Errorf("the server is %s %s: outboxd supports Elasticsearch %d.0 and later and OpenSearch %d.0 and later", d, root.Version.Number, minMajor, minOpenSearchMajor)}
+	}
+
 	raw, err := perform(ctx, es, "node versions", esapi.NodesInfoRequest{
 		NodeID: []string{"_all"}, Metric: []string{"_none"}, FilterPath: []string{"nodes.*.version"},
 	})
 	if err != nil {
-		var re *ResponseError
-		if !errors.As(err, &re) {
+		if !errors.As(err, &re) || rootErr != nil || root.Version.Number == "" {
 			return serverVersion{}, err
 		}
 		// No monitor privilege: the version of the node that answers GET /.
-		var rootErr error
-		if raw, rootErr = perform(ctx, es, "server info", esapi.InfoRequest{}); rootErr != nil {
-			return serverVersion{}, err
-		}
-		var info struct {
-			Version struct {
-				Number string `json:"number"`
-			} `json:"version"`
-		}
-		if err := json.Unmarshal(raw, &info); err != nil || info.Version.Number == "" {
-			return serverVersion{}, errors.New("indexer: server info: no version in the answer")
-		}
-		return parseVersion(info.Version.Number)
+		v, err := parseVersion(root.Version.Number)
+		v.openSearch = product == "OpenSearch"
+		return v, err
 	}
 	var r struct {
 		Nodes map[string]struct {
@@ -93,6 +135,7 @@ func detectVersion(ctx context.Context, es esapi.Transport) (serverVersion, erro
 			oldest = v
 		}
 	}
+	oldest.openSearch = product == "OpenSearch"
 	return oldest, nil
 }
 
@@ -113,22 +156,23 @@ func (s *Sink) version(ctx context.Context) (serverVersion, error) {
 	}
 	v, err := detectVersion(ctx, s.es)
 	var re *ResponseError
+	var ce *ConfigError
 	switch {
 	case errors.As(err, &re) && re.Status == 403:
 		// Credentials that may write but not read the version: assume a
 		// current server. Should it be older, its 400 to the bulk parameter
 		// pauses the relay with a reason that names the parameter.
-		s.logger.Warn("indexer: cannot read the Elasticsearch version; assuming 8.18 or later (grant the monitor cluster privilege to detect it)", "error", err.Error())
+		s.logger.Warn("indexer: cannot read the server's version; assuming Elasticsearch 8.18 or later (grant the monitor cluster privilege to detect it)", "error", err.Error())
 		v = serverVersion{major: 8, minor: 18, number: "unknown"}
-	case notElasticsearch(err):
-		return v, &ConfigError{Err: notElasticsearchError(ctx, s.es)}
+	case errors.As(err, &ce):
+		return v, err
 	case errors.As(err, &re) && re.Status != 408 && re.Status != 429 && re.Status < 500:
 		return v, &ConfigError{Err: err}
 	case err != nil:
 		return v, &UnavailableError{Err: err}
 	}
-	if v.major < minMajor {
-		return v, &ConfigError{Err: fmt.Errorf("Elasticsearch %s is not supported; outboxd needs %d.0 or later", v.number, minMajor)}
+	if err := v.unsupported(); err != nil {
+		return v, &ConfigError{Err: err}
 	}
 	s.ver = v
 	return v, nil
@@ -140,56 +184,56 @@ func (s *Sink) forgetVersion() {
 	<-s.verMu
 }
 
-// notElasticsearch reports the v8 client's refusal of a server that does
-// not answer as Elasticsearch (no "X-Elastic-Product: Elasticsearch"
-// header), such as OpenSearch. The client does not export that error.
-func notElasticsearch(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "the server is not Elasticsearch")
-}
+// servers remembers each client's server, for the requests outside the
+// sink (copies, scans) whose parameters differ between products. A
+// client talks to one cluster for its life; only the sink, which runs
+// for the relay's, asks again after a configuration error.
+var servers sync.Map // *elasticsearch.Client -> serverVersion
 
-// notElasticsearchError names the product when GET / says what it is
-// (read below the client, whose product check refuses the answer).
-func notElasticsearchError(ctx context.Context, es esapi.Transport) error {
-	what := "a server that does not answer as Elasticsearch (no X-Elastic-Product: Elasticsearch header)"
-	if c, ok := es.(*elasticsearch.Client); ok {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
-		if err == nil {
-			if res, err := c.Transport.Perform(req); err == nil {
-				body, _ := io.ReadAll(io.LimitReader(res.Body, 1<<16))
-				res.Body.Close()
-				var info struct {
-					Version struct {
-						Distribution string `json:"distribution"`
-						Number       string `json:"number"`
-					} `json:"version"`
-				}
-				if json.Unmarshal(body, &info) == nil && info.Version.Distribution != "" {
-					name := info.Version.Distribution
-					if name == "opensearch" {
-						name = "OpenSearch"
-					}
-					what = strings.TrimSpace(name + " " + info.Version.Number)
-				}
-			}
-		}
+// serverOf returns the product and version of es's cluster, detected on
+// first use.
+func serverOf(ctx context.Context, es *elasticsearch.Client) (serverVersion, error) {
+	if v, ok := servers.Load(es); ok {
+		return v.(serverVersion), nil
 	}
-	return fmt.Errorf("the server is %s, not Elasticsearch: outboxd supports Elasticsearch %d.0 and later only (its Elasticsearch client refuses other products, OpenSearch included)", what, minMajor)
+	v, err := detectVersion(ctx, es)
+	var re *ResponseError
+	if errors.As(err, &re) && re.Status == 403 {
+		// Credentials without the monitor privilege: as the sink does,
+		// assume a current Elasticsearch.
+		v, err = serverVersion{major: 8, minor: 18, number: "unknown"}, nil
+	}
+	if err != nil {
+		return v, err
+	}
+	if err := v.unsupported(); err != nil {
+		return v, &ConfigError{Err: err}
+	}
+	servers.Store(es, v)
+	return v, nil
 }
 
-// CheckServer fails when Elasticsearch answers and is not one outboxd
-// supports: another product (OpenSearch), or a version before 8.0. A server
-// that does not answer passes: the relay starts, reports the outage and
-// writes once it is back. Commands call it at start, so an unsupported
-// server is refused before the first event, not at it.
+// Server describes es's cluster, e.g. "OpenSearch 2.19.6", and reports
+// whether it is OpenSearch, for the operator tools (indexer/repair) and
+// the commands' logs.
+func Server(ctx context.Context, es *elasticsearch.Client) (name string, openSearch bool, err error) {
+	v, err := serverOf(ctx, es)
+	if err != nil {
+		return "", false, err
+	}
+	return v.String(), v.openSearch, nil
+}
+
+// CheckServer fails when the server answers and is not one outboxd
+// supports: another product, Elasticsearch before 8.0 or OpenSearch before
+// 2.0. A server that does not answer passes: the relay starts, reports the
+// outage and writes once it is back. Commands call it at start, so an
+// unsupported server is refused before the first event, not at it.
 func CheckServer(ctx context.Context, es *elasticsearch.Client) error {
-	v, err := detectVersion(ctx, es)
-	switch {
-	case notElasticsearch(err):
-		return notElasticsearchError(ctx, es)
-	case err != nil:
-		return nil
-	case v.major < minMajor:
-		return fmt.Errorf("Elasticsearch %s is not supported; outboxd needs %d.0 or later", v.number, minMajor)
+	_, err := serverOf(ctx, es)
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		return ce.Err
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,14 +58,20 @@ func (f *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 // esFlags are the Elasticsearch flags; credentials come only from the
 // environment so they never show in ps output.
 type esFlags struct {
-	urls    string
-	timeout time.Duration
+	urls       string
+	timeout    time.Duration
+	awsSigV4   bool
+	awsRegion  string
+	awsService string
 }
 
 func addESFlags(fs *flag.FlagSet) *esFlags {
 	f := &esFlags{}
-	fs.StringVar(&f.urls, "elasticsearch-url", "", "Elasticsearch node URLs, comma-separated (default $ELASTICSEARCH_URL; credentials via ELASTICSEARCH_USERNAME/PASSWORD/API_KEY/CA_CERT/CERT_FINGERPRINT)")
+	fs.StringVar(&f.urls, "elasticsearch-url", "", "Elasticsearch or OpenSearch node URLs, comma-separated (default $ELASTICSEARCH_URL or $OPENSEARCH_URL; credentials via ELASTICSEARCH_USERNAME/PASSWORD/API_KEY/CA_CERT/CERT_FINGERPRINT)")
 	fs.DurationVar(&f.timeout, "elasticsearch-timeout", 30*time.Second, "Elasticsearch request timeout (or $ELASTICSEARCH_TIMEOUT)")
+	fs.BoolVar(&f.awsSigV4, "aws-sigv4", false, "sign requests with AWS Signature Version 4 for Amazon OpenSearch Service, credentials from the AWS default chain (environment, shared config, web identity, container or instance role)")
+	fs.StringVar(&f.awsRegion, "aws-region", "", "the OpenSearch Service domain's AWS region, for --aws-sigv4 (default $AWS_REGION, then the shared config's)")
+	fs.StringVar(&f.awsService, "aws-service", "es", "for --aws-sigv4: es (an OpenSearch Service domain) or aoss (OpenSearch Serverless)")
 	return f
 }
 
@@ -84,7 +91,24 @@ func (f *esFlags) config() (indexer.ClientConfig, error) {
 		return os.Getenv(key)
 	})
 	c.Addresses, c.Timeout = indexer.SplitAddresses(f.urls), f.timeout
-	return c, err
+	if err != nil || !f.awsSigV4 {
+		return c, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opts := []func(*awsconfig.LoadOptions) error{}
+	if f.awsRegion != "" {
+		opts = append(opts, awsconfig.WithRegion(f.awsRegion))
+	}
+	aws, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return c, fmt.Errorf("aws-sigv4: loading the AWS configuration: %w", err)
+	}
+	if aws.Region == "" {
+		return c, fmt.Errorf("aws-region: not set (flag --aws-region, env AWS_REGION or the shared config's region): SigV4 signs for one region")
+	}
+	c.AWS = &indexer.AWSSigning{Region: aws.Region, Service: f.awsService, Credentials: aws.Credentials}
+	return c, nil
 }
 
 func (f *esFlags) client() (*elasticsearch.Client, error) {
@@ -106,7 +130,7 @@ func envOr(key, def string) string {
 // name, or by "command flag" where only one command's flag has one.
 var envAliases = map[string]string{
 	"database-url":          "DATABASE_URL",
-	"elasticsearch-url":     "ELASTICSEARCH_URL",
+	"elasticsearch-url":     "ELASTICSEARCH_URL OPENSEARCH_URL",
 	"elasticsearch-timeout": "ELASTICSEARCH_TIMEOUT",
 	"status max-age":        "OUTBOXD_STATUS_MAX_AGE",
 }
@@ -116,7 +140,7 @@ func envKeys(fs *flag.FlagSet, name string) []string {
 	keys := []string{"OUTBOXD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
 	for _, k := range []string{fs.Name() + " " + name, name} {
 		if a, ok := envAliases[k]; ok {
-			keys = append(keys, a)
+			keys = append(keys, strings.Fields(a)...)
 		}
 	}
 	return keys

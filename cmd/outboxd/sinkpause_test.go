@@ -31,7 +31,7 @@ func TestRelayCommandRefusesAnInvalidIndexSpec(t *testing.T) {
 	defer cancel()
 	args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", schematest.ElasticsearchURL(t), "--index-spec", spec, "--admin-addr", "")
 	err := runRelay(ctx, args)
-	if err == nil || !strings.Contains(err.Error(), "index-spec "+spec) || !strings.Contains(err.Error(), "The mapper type [txet] declared on field [title] does not exist") {
+	if err == nil || !strings.Contains(err.Error(), "index-spec "+spec) || !strings.Contains(err.Error(), "[txet] declared on field [title]") {
 		t.Fatalf("runRelay: %v, want an error naming the spec file and the field", err)
 	}
 	var streams int
@@ -137,17 +137,17 @@ func TestRelayCommandPausesOnARefusedConfiguration(t *testing.T) {
 	}
 }
 
-// openSearchFake answers like OpenSearch 2.x: the same JSON shapes as
-// Elasticsearch, but without the X-Elastic-Product header.
-func openSearchFake(t *testing.T) *httptest.Server {
+// openSearch1Fake answers like OpenSearch 1.3: the same JSON shapes as
+// Elasticsearch, without the X-Elastic-Product header.
+func openSearch1Fake(t *testing.T) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		switch {
 		case r.URL.Path == "/":
-			io.WriteString(w, `{"name":"os-1","cluster_name":"docker-cluster","version":{"distribution":"opensearch","number":"2.11.0","minimum_wire_compatibility_version":"7.10.0"},"tagline":"The OpenSearch Project: https://opensearch.org/"}`)
+			io.WriteString(w, `{"name":"os-1","cluster_name":"docker-cluster","version":{"distribution":"opensearch","number":"1.3.20","minimum_wire_compatibility_version":"6.8.0"},"tagline":"The OpenSearch Project: https://opensearch.org/"}`)
 		case strings.HasPrefix(r.URL.Path, "/_nodes"):
-			io.WriteString(w, `{"nodes":{"n1":{"version":"2.11.0"}}}`)
+			io.WriteString(w, `{"nodes":{"n1":{"version":"1.3.20"}}}`)
 		default:
 			io.WriteString(w, `{"acknowledged":true}`)
 		}
@@ -156,25 +156,26 @@ func openSearchFake(t *testing.T) *httptest.Server {
 	return srv
 }
 
-// README, "Supported servers": the relay refuses OpenSearch at start,
-// naming it, before it takes any event.
-func TestRelayCommandRefusesOpenSearchAtStart(t *testing.T) {
+// README, "Supported servers": the relay refuses a server it does not
+// support (here OpenSearch 1.x) at start, naming it, before it takes any
+// event.
+func TestRelayCommandRefusesAnUnsupportedServerAtStart(t *testing.T) {
 	t.Parallel()
 	e := cliSetup(t)
 	e.append(t, schematest.Name("os-"), "s1", `{"title":"x"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", openSearchFake(t).URL, "--admin-addr", "")
+	args := append(append([]string{}, e.dbArgs...), "--elasticsearch-url", openSearch1Fake(t).URL, "--admin-addr", "")
 	err := runRelay(ctx, args)
-	if err == nil || !strings.Contains(err.Error(), "OpenSearch 2.11.0, not Elasticsearch") || !strings.Contains(err.Error(), "Elasticsearch 8.0 and later only") {
-		t.Fatalf("runRelay: %v, want a refusal naming OpenSearch 2.11.0", err)
+	if err == nil || !strings.Contains(err.Error(), "OpenSearch 1.3.20 is not supported; outboxd needs OpenSearch 2.0 or later") {
+		t.Fatalf("runRelay: %v, want a refusal naming OpenSearch 1.3.20", err)
 	}
 	var streams int
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM "`+e.schema+`".progress`).Scan(&streams); err != nil {
 		t.Fatal(err)
 	}
 	if streams != 0 {
-		t.Fatalf("%d streams started before OpenSearch was refused", streams)
+		t.Fatalf("%d streams started before the server was refused", streams)
 	}
 }
 

@@ -58,8 +58,9 @@ type ScanOptions struct {
 // snapshot, and the apply step detects later changes with _seq_no.
 //
 // PIT is a core (non-x-pack-licensed) API and is present in the integ-test
-// distribution the tests use, so there is no scroll fallback to keep
-// correct.
+// distribution the tests use. OpenSearch has PIT under another path but no
+// _shard_doc to page it by, so there the same view is a scroll sorted by
+// _doc (scanScroll).
 //
 // fn must not keep hit.Source past its return: the buffer is reused.
 func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn func(ScanHit) error) error {
@@ -81,6 +82,13 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 		if err := scanDo(ctx, es, op+": refresh", esapi.IndicesRefreshRequest{Index: opts.Indices}, nil); err != nil {
 			return err
 		}
+	}
+	_, openSearch, err := indexer.Server(ctx, es)
+	if err != nil {
+		return err
+	}
+	if openSearch {
+		return scanScroll(ctx, es, op, opts, size, keepStr, fn)
 	}
 	var opened struct {
 		ID string `json:"id"`
@@ -148,6 +156,60 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 		}
 		after = hits[len(hits)-1].Sort
 	}
+}
+
+// scanScroll is Scan on OpenSearch: a scroll holds the same consistent
+// view of every shard, paged in _doc order.
+func scanScroll(ctx context.Context, es *elasticsearch.Client, op string, opts ScanOptions, size int, keepStr string, fn func(ScanHit) error) error {
+	req := map[string]any{
+		"size":                size,
+		"sort":                []string{"_doc"},
+		"version":             true,
+		"seq_no_primary_term": true,
+	}
+	if opts.Query != nil {
+		req["query"] = opts.Query
+	}
+	if opts.SourceIncludes != nil {
+		req["_source"] = map[string]any{"includes": opts.SourceIncludes}
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	var page struct {
+		ScrollID string `json:"_scroll_id"`
+		Hits     struct {
+			Hits []ScanHit `json:"hits"`
+		} `json:"hits"`
+	}
+	keep, _ := time.ParseDuration(keepStr)
+	err = scanDo(ctx, es, op, esapi.SearchRequest{Index: opts.Indices, Body: bytes.NewReader(body), Scroll: keep}, &page)
+	defer func() {
+		if page.ScrollID == "" {
+			return
+		}
+		// A fresh context, as for a PIT: a leaked scroll pins segments.
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = scanDo(cctx, es, op+": clear scroll", esapi.ClearScrollRequest{ScrollID: []string{page.ScrollID}}, nil)
+	}()
+	for err == nil {
+		hits := page.Hits.Hits
+		for i := range hits {
+			if err := fn(hits[i]); err != nil {
+				return err
+			}
+		}
+		opts.Progress.Add(int64(len(hits)))
+		if len(hits) == 0 {
+			return nil
+		}
+		id := page.ScrollID
+		page.Hits.Hits = nil
+		err = scanDo(ctx, es, op+": next page", esapi.ScrollRequest{ScrollID: id, Scroll: keep}, &page)
+	}
+	return err
 }
 
 // scanCount returns how many documents the indices hold (tombstones

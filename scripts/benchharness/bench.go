@@ -163,7 +163,11 @@ func (b *bench) serverInfo(ctx context.Context) string {
 	_ = b.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit'), current_setting('fsync')`).Scan(&sync, &fsync)
 	out := "PostgreSQL " + v + " (synchronous_commit=" + sync + ", fsync=" + fsync + ")"
 	if b.es != nil {
-		out += ", Elasticsearch at " + os.Getenv("ELASTICSEARCH_URL")
+		name, _, err := indexer.Server(ctx, b.es)
+		if err != nil {
+			name = "search server (version unknown)"
+		}
+		out += ", " + name + " at " + os.Getenv("ELASTICSEARCH_URL")
 	}
 	return out
 }
