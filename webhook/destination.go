@@ -22,7 +22,11 @@ type Destination struct {
 	// Idempotent says the receiver dedupes by Idempotency-Key, so a request
 	// whose outcome is unknown (timeout or reset after it was sent) may be
 	// sent again. Otherwise such a message is parked as unknown.
-	Idempotent  bool
+	Idempotent bool
+	// Retry5xx is the receiver owner's promise that a 5xx answer means the
+	// request had no effect, so it may be sent again. Otherwise a 5xx to a
+	// non-idempotent destination parks the message as unknown.
+	Retry5xx    bool
 	Timeout     time.Duration // per request; default 5s
 	Concurrency int           // requests in flight; default 4
 	Rate        float64       // requests per second; 0: unlimited
@@ -57,6 +61,9 @@ func (d *Destination) setDefaults() {
 // String describes the destination without its secret, for logs.
 func (d Destination) String() string {
 	s := fmt.Sprintf("%s=%s idempotent=%t timeout=%s concurrency=%d", d.Name, d.URL, d.Idempotent, d.Timeout, d.Concurrency)
+	if d.Retry5xx {
+		s += " retry_5xx=true"
+	}
 	if d.Rate > 0 {
 		s += fmt.Sprintf(" rate=%g/s", d.Rate)
 	}
@@ -82,7 +89,7 @@ func (d *Destination) validate() error {
 
 // ParseDestination reads the --destination flag's value:
 //
-//	NAME=URL[,secret_env=VAR][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL]
+//	NAME=URL[,secret_env=VAR][,idempotent=true][,retry_5xx=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL]
 //
 // check comes last and takes the rest of the value, commas included. The
 // secret is read from the environment variable VAR (a Standard Webhooks
@@ -123,6 +130,10 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 			if d.Idempotent, err = strconv.ParseBool(v); err != nil {
 				return d, fmt.Errorf("destination %s: idempotent: %q is not true or false", d.Name, v)
 			}
+		case "retry_5xx":
+			if d.Retry5xx, err = strconv.ParseBool(v); err != nil {
+				return d, fmt.Errorf("destination %s: retry_5xx: %q is not true or false", d.Name, v)
+			}
 		case "timeout":
 			if d.Timeout, err = time.ParseDuration(v); err != nil || d.Timeout <= 0 {
 				return d, fmt.Errorf("destination %s: timeout: %q is not a positive duration", d.Name, v)
@@ -137,7 +148,7 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 				return d, fmt.Errorf("destination %s: rate: %q is not a positive number per second (like 50/s)", d.Name, v)
 			}
 		default:
-			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, timeout, concurrency, rate, check)", d.Name, k)
+			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, retry_5xx, timeout, concurrency, rate, check)", d.Name, k)
 		}
 	}
 	d.setDefaults()
