@@ -171,9 +171,9 @@ func TestWebhookDelivery(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		rcv := newScripted(t, status(500), status(429, "Retry-After", "1"), status(503), status(200))
-		d := destination("orders", rcv.URL, false)
-		d.Retry5xx = true
-		e.run(t, d)
+		dest := destination("orders", rcv.URL, false)
+		dest.Retry5xx = true
+		e.run(t, dest)
 		e.send(t, "orders", "k", `{}`)
 		d := e.waitState(t, "orders", "k", webhook.StateDelivered)
 		if d.Attempts != 4 || rcv.count() != 4 {
