@@ -34,6 +34,9 @@ type Destination struct {
 	// the dedupe key (text) and $2 the payload (cast it: $2::jsonb). A
 	// first column false, NULL or no row at all skips the message.
 	Check string
+	// CheckTimeout is the check's statement timeout; default 2s. Checks
+	// run READ ONLY.
+	CheckTimeout time.Duration
 
 	MaxAttempts int           // attempts before giving up; default 8
 	BackoffBase time.Duration // default 500ms, doubling with jitter
@@ -46,6 +49,9 @@ func (d *Destination) setDefaults() {
 	}
 	if d.Concurrency <= 0 {
 		d.Concurrency = 4
+	}
+	if d.CheckTimeout <= 0 {
+		d.CheckTimeout = 2 * time.Second
 	}
 	if d.MaxAttempts <= 0 {
 		d.MaxAttempts = 8
@@ -89,7 +95,7 @@ func (d *Destination) validate() error {
 
 // ParseDestination reads the --destination flag's value:
 //
-//	NAME=URL[,secret_env=VAR][,idempotent=true][,retry_5xx=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL]
+//	NAME=URL[,secret_env=VAR][,idempotent=true][,retry_5xx=true][,timeout=5s][,concurrency=N][,rate=N/s][,check_timeout=2s][,check=SQL]
 //
 // check comes last and takes the rest of the value, commas included. The
 // secret is read from the environment variable VAR (a Standard Webhooks
@@ -138,6 +144,10 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 			if d.Timeout, err = time.ParseDuration(v); err != nil || d.Timeout <= 0 {
 				return d, fmt.Errorf("destination %s: timeout: %q is not a positive duration", d.Name, v)
 			}
+		case "check_timeout":
+			if d.CheckTimeout, err = time.ParseDuration(v); err != nil || d.CheckTimeout < time.Millisecond {
+				return d, fmt.Errorf("destination %s: check_timeout: %q is not a duration of at least 1ms", d.Name, v)
+			}
 		case "concurrency":
 			if d.Concurrency, err = strconv.Atoi(v); err != nil || d.Concurrency < 1 {
 				return d, fmt.Errorf("destination %s: concurrency: %q is not a positive integer", d.Name, v)
@@ -148,7 +158,7 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 				return d, fmt.Errorf("destination %s: rate: %q is not a positive number per second (like 50/s)", d.Name, v)
 			}
 		default:
-			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, retry_5xx, timeout, concurrency, rate, check)", d.Name, k)
+			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, retry_5xx, timeout, concurrency, rate, check_timeout, check)", d.Name, k)
 		}
 	}
 	d.setDefaults()
