@@ -21,7 +21,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_webhook_requests_total",
-			Help: "Webhook requests by result: delivered (2xx), refused (permanent 3xx/4xx), retry (408, 429, 5xx, not sent), uncertain (sent, no answer).",
+			Help: "Webhook requests by result: delivered (2xx), refused (permanent 3xx/4xx), retry (408, 429, not sent; 5xx with retry_5xx), uncertain (written, then a 5xx or no answer).",
 		}, []string{"destination", "result"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "outboxd_webhook_request_seconds",
@@ -30,7 +30,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"destination"}),
 		finals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_webhook_messages_finished_total",
-			Help: "Messages this process brought to a final ledger state, and duplicates it refused to send.",
+			Help: "Messages this process brought to a final ledger state, and duplicates and conflicts (same key, other payload) it refused to send.",
 		}, []string{"destination", "state"}),
 	}
 	if reg != nil {
