@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 	"github.com/outboxd/outboxd/webhook"
 )
@@ -292,3 +293,40 @@ func TestPoisonMessage(t *testing.T) {
 }
 
 func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+// TestSlowCheckBudget: slow checks of many messages at once hold at most
+// their share of the pool, so the search stream is not delayed.
+func TestSlowCheckBudget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t)
+	rcv := newScripted(t, status(200))
+	d := destination("slow", rcv.URL, false)
+	d.Concurrency = 40
+	d.Check = `SELECT true FROM pg_sleep(1) WHERE $1::text <> '' AND $2::jsonb IS NOT NULL`
+	ss, err := streams(e.pool, e.schema, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	search := &searchSink{seen: map[int64]bool{}}
+	ss = append(ss, relay.Stream{Name: "search", BucketHi: 1023, Exclude: []string{outbox.MessagePrefix + "*"}, Sink: search})
+	start(t, relayConfig(e.pool, e.schema, ss))
+	q := `"` + e.schema + `"`
+	if _, err := e.pool.Exec(ctx, `SELECT `+q+`.append_message('slow', 'm' || g, '{}') FROM generate_series(1, 40) g`); err != nil {
+		t.Fatal(err)
+	}
+	schematest.Eventually(t, 20*time.Second, "checks running", func() bool {
+		var n int
+		_ = e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(1)%' AND state = 'active' AND pid <> pg_backend_pid()`).Scan(&n)
+		return n > 0
+	})
+	began := time.Now()
+	id, err := e.outbox.Append(ctx, e.pool, outbox.Event{IndexName: "tutorials", SourceID: "1", Op: outbox.OpUpsert, Document: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	schematest.Eventually(t, 20*time.Second, "the search event delivered", func() bool { return search.has(id) })
+	if took := time.Since(began); took > 1500*time.Millisecond {
+		t.Fatalf("the search event took %s behind 40 slow checks (bound 1.5s)", took)
+	}
+}
