@@ -104,17 +104,17 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 		// does not dedupe, that would be a second effect.
 		req.GetBody = nil
 	}
-	var wrote atomic.Bool
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-		WroteRequest: func(i httptrace.WroteRequestInfo) {
-			if i.Err == nil {
-				wrote.Store(true)
-			}
-		},
-	}))
-	resp, err := s.client.Do(req)
+	resp, wrote, idleEOF, err := s.do(req, s.client)
+	if idleEOF && s.fresh != nil {
+		// The keep-alive race: the receiver closed an idle connection as
+		// the request went out on it, and not a byte of answer came back.
+		// Once, on a connection of its own, before anything is concluded.
+		req = req.Clone(req.Context())
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		resp, wrote, _, err = s.do(req, s.fresh)
+	}
 	if err != nil {
-		if judge(exchange{wrote: wrote.Load(), err: err}, s.dest.Retry5xx) == vUncertain {
+		if judge(exchange{wrote: wrote, err: err}, s.dest.Retry5xx) == vUncertain {
 			return attempt{verdict: vUncertain, reason: "no answer after the request was sent: " + err.Error()}
 		}
 		return attempt{verdict: vRetry, reason: "request not sent: " + err.Error()}
@@ -138,6 +138,39 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 		a.reason += ": " + strings.ToValidUTF8(t, "?")
 	}
 	return a
+}
+
+// do sends req with c, telling whether any request byte was written and
+// whether it failed on a reused idle connection with end-of-file before
+// any answer (the receiver had closed it).
+func (s *Sink) do(req *http.Request, c *http.Client) (resp *http.Response, wrote, idleEOF bool, err error) {
+	var w, reused atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { reused.Store(i.Reused && i.WasIdle) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				w.Store(true)
+			}
+		},
+	}))
+	resp, err = c.Do(req)
+	idleEOF = err != nil && reused.Load() && errors.Is(err, io.EOF)
+	fmt.Printf("DEBUG reused=%v eof=%v fresh=%v\n", reused.Load(), errors.Is(err, io.EOF), s.fresh != nil)
+	return resp, w.Load(), idleEOF, err
+}
+
+// freshClient is c without keep-alive, for the one retry of the
+// keep-alive race; nil when c's transport is not net/http's.
+func freshClient(c *http.Client) *http.Client {
+	t, ok := c.Transport.(*http.Transport)
+	if !ok {
+		return nil
+	}
+	t = t.Clone()
+	t.DisableKeepAlives = true
+	f := *c
+	f.Transport = t
+	return &f
 }
 
 // retryAfter reads a Retry-After header: seconds or an HTTP date.

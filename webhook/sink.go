@@ -37,6 +37,7 @@ type Sink struct {
 	ledger  ledger
 	pool    *pgxpool.Pool
 	client  *http.Client
+	fresh   *http.Client // no keep-alive: see post
 	metrics *Metrics
 	log     *slog.Logger
 	now     func() time.Time
@@ -80,7 +81,7 @@ func NewSink(o Options) (*Sink, error) {
 	}
 	return &Sink{
 		checkSlots: slotsFor(o.Pool),
-		dest:       d, ledger: ledger{pool: o.Pool, schema: id}, pool: o.Pool, client: o.Client,
+		dest:       d, ledger: ledger{pool: o.Pool, schema: id}, pool: o.Pool, client: o.Client, fresh: freshClient(o.Client),
 		metrics: o.Metrics, log: o.Logger, now: time.Now,
 		requests: make(chan struct{}, d.Concurrency),
 		// Messages waiting out a backoff hold a worker, not a request slot,
