@@ -38,6 +38,12 @@ type Destination struct {
 	// run READ ONLY.
 	CheckTimeout time.Duration
 
+	// BreakerFailures consecutive failed attempts pause the destination
+	// for BreakerCooldown (default 30s), after which one attempt probes
+	// it; 0 (the default) never pauses.
+	BreakerFailures int
+	BreakerCooldown time.Duration
+
 	MaxAttempts int           // attempts before giving up; default 8
 	BackoffBase time.Duration // default 500ms, doubling with jitter
 	BackoffMax  time.Duration // default 1m; a longer Retry-After wins
@@ -52,6 +58,9 @@ func (d *Destination) setDefaults() {
 	}
 	if d.CheckTimeout <= 0 {
 		d.CheckTimeout = 2 * time.Second
+	}
+	if d.BreakerCooldown <= 0 {
+		d.BreakerCooldown = 30 * time.Second
 	}
 	if d.MaxAttempts <= 0 {
 		d.MaxAttempts = 8
@@ -95,7 +104,7 @@ func (d *Destination) validate() error {
 
 // ParseDestination reads the --destination flag's value:
 //
-//	NAME=URL[,secret_env=VAR][,idempotent=true][,retry_5xx=true][,timeout=5s][,concurrency=N][,rate=N/s][,check_timeout=2s][,check=SQL]
+//	NAME=URL[,secret_env=VAR][,idempotent=true][,retry_5xx=true][,timeout=5s][,concurrency=N][,rate=N/s][,breaker_failures=N][,breaker_cooldown=30s][,check_timeout=2s][,check=SQL]
 //
 // check comes last and takes the rest of the value, commas included. The
 // secret is read from the environment variable VAR (a Standard Webhooks
@@ -148,6 +157,14 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 			if d.CheckTimeout, err = time.ParseDuration(v); err != nil || d.CheckTimeout < time.Millisecond {
 				return d, fmt.Errorf("destination %s: check_timeout: %q is not a duration of at least 1ms", d.Name, v)
 			}
+		case "breaker_failures":
+			if d.BreakerFailures, err = strconv.Atoi(v); err != nil || d.BreakerFailures < 0 {
+				return d, fmt.Errorf("destination %s: breaker_failures: %q is not a non-negative integer", d.Name, v)
+			}
+		case "breaker_cooldown":
+			if d.BreakerCooldown, err = time.ParseDuration(v); err != nil || d.BreakerCooldown <= 0 {
+				return d, fmt.Errorf("destination %s: breaker_cooldown: %q is not a positive duration", d.Name, v)
+			}
 		case "concurrency":
 			if d.Concurrency, err = strconv.Atoi(v); err != nil || d.Concurrency < 1 {
 				return d, fmt.Errorf("destination %s: concurrency: %q is not a positive integer", d.Name, v)
@@ -158,7 +175,7 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 				return d, fmt.Errorf("destination %s: rate: %q is not a positive number per second (like 50/s)", d.Name, v)
 			}
 		default:
-			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, retry_5xx, timeout, concurrency, rate, check_timeout, check)", d.Name, k)
+			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, idempotent, retry_5xx, timeout, concurrency, rate, breaker_failures, breaker_cooldown, check_timeout, check)", d.Name, k)
 		}
 	}
 	d.setDefaults()

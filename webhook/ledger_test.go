@@ -48,11 +48,14 @@ type blocking struct {
 	*effectReceiver
 	arrived chan struct{}
 	release chan struct{}
+	once    sync.Once
 }
+
+// free lets every request waiting in the receiver, and every later one, answer.
+func (b *blocking) free() { b.once.Do(func() { close(b.release) }) }
 
 func newBlocking(t *testing.T) *blocking {
 	b := &blocking{arrived: make(chan struct{}, 16), release: make(chan struct{})}
-	var once sync.Once
 	b.effectReceiver = newEffectReceiver(t, func(w http.ResponseWriter) {
 		b.arrived <- struct{}{}
 		select {
@@ -61,8 +64,7 @@ func newBlocking(t *testing.T) *blocking {
 		}
 		w.WriteHeader(200)
 	})
-	t.Cleanup(func() { once.Do(func() { close(b.release) }) })
-	b.release = make(chan struct{})
+	t.Cleanup(b.free)
 	return b
 }
 
@@ -119,8 +121,7 @@ func TestFailoverMidRequest(t *testing.T) {
 	if d.State != webhook.StateUnknown || rcv.count("k") != 1 {
 		t.Fatalf("state %s with %d effects, want unknown with 1 (%s)", d.State, rcv.count("k"), d.LastError)
 	}
-	close(rcv.release)
-	rcv.release = make(chan struct{}) // for the cleanup
+	rcv.free()
 	<-aDone
 }
 
@@ -138,8 +139,7 @@ func TestFinishAfterTakeOver(t *testing.T) {
 	go func() { aOut <- write(t, a, ev) }()
 	<-rcv.arrived
 	write(t, b, ev) // the row is in flight: B marks it unknown
-	close(rcv.release)
-	rcv.release = make(chan struct{})
+	rcv.free()
 	out := <-aOut
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -329,4 +329,15 @@ func TestSlowCheckBudget(t *testing.T) {
 	if took := time.Since(began); took > 1500*time.Millisecond {
 		t.Fatalf("the search event took %s behind 40 slow checks (bound 1.5s)", took)
 	}
+}
+
+type outboxEvent = outbox.Event
+
+func writeAll(t *testing.T, s *webhook.Sink, events []outbox.Event) []outbox.Outcome {
+	t.Helper()
+	outs, err := s.Write(context.Background(), events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return outs
 }

@@ -14,6 +14,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec   // destination, result
 	seconds  *prometheus.HistogramVec // destination
 	finals   *prometheus.CounterVec   // destination, state
+	circuits *prometheus.GaugeVec     // destination
 }
 
 // NewMetrics registers the webhook instruments on reg (nil: unregistered).
@@ -32,9 +33,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outboxd_webhook_messages_finished_total",
 			Help: "Messages this process brought to a final ledger state, and duplicates and conflicts (same key, other payload) it refused to send.",
 		}, []string{"destination", "state"}),
+		circuits: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_webhook_circuit_open",
+			Help: "1 while a destination is paused because its receiver keeps failing (breaker_failures consecutive failures); its messages wait.",
+		}, []string{"destination"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.seconds, m.finals)
+		reg.MustRegister(m.requests, m.seconds, m.finals, m.circuits)
 	}
 	return m
 }
@@ -47,6 +52,17 @@ func (m *Metrics) observe(dest string, a attempt, d time.Duration) {
 	}
 	m.requests.WithLabelValues(dest, resultNames[a.verdict]).Inc()
 	m.seconds.WithLabelValues(dest).Observe(d.Seconds())
+}
+
+func (m *Metrics) circuit(dest string, open bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if open {
+		v = 1
+	}
+	m.circuits.WithLabelValues(dest).Set(v)
 }
 
 func (m *Metrics) count(dest, state string) {

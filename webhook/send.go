@@ -104,15 +104,7 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 		// does not dedupe, that would be a second effect.
 		req.GetBody = nil
 	}
-	resp, wrote, idleEOF, err := s.do(req, s.client)
-	if idleEOF && s.fresh != nil {
-		// The keep-alive race: the receiver closed an idle connection as
-		// the request went out on it, and not a byte of answer came back.
-		// Once, on a connection of its own, before anything is concluded.
-		req = req.Clone(req.Context())
-		req.Body = io.NopCloser(bytes.NewReader(body))
-		resp, wrote, _, err = s.do(req, s.fresh)
-	}
+	resp, wrote, err := s.do(req, s.client)
 	if err != nil {
 		if judge(exchange{wrote: wrote, err: err}, s.dest.Retry5xx) == vUncertain {
 			return attempt{verdict: vUncertain, reason: "no answer after the request was sent: " + err.Error()}
@@ -140,13 +132,10 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 	return a
 }
 
-// do sends req with c, telling whether any request byte was written and
-// whether it failed on a reused idle connection with end-of-file before
-// any answer (the receiver had closed it).
-func (s *Sink) do(req *http.Request, c *http.Client) (resp *http.Response, wrote, idleEOF bool, err error) {
-	var w, reused atomic.Bool
+// do sends req with c, telling whether any request byte was written.
+func (s *Sink) do(req *http.Request, c *http.Client) (resp *http.Response, wrote bool, err error) {
+	var w atomic.Bool
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-		GotConn: func(i httptrace.GotConnInfo) { reused.Store(i.Reused && i.WasIdle) },
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			if i.Err == nil {
 				w.Store(true)
@@ -154,23 +143,7 @@ func (s *Sink) do(req *http.Request, c *http.Client) (resp *http.Response, wrote
 		},
 	}))
 	resp, err = c.Do(req)
-	idleEOF = err != nil && reused.Load() && errors.Is(err, io.EOF)
-	fmt.Printf("DEBUG reused=%v eof=%v fresh=%v\n", reused.Load(), errors.Is(err, io.EOF), s.fresh != nil)
-	return resp, w.Load(), idleEOF, err
-}
-
-// freshClient is c without keep-alive, for the one retry of the
-// keep-alive race; nil when c's transport is not net/http's.
-func freshClient(c *http.Client) *http.Client {
-	t, ok := c.Transport.(*http.Transport)
-	if !ok {
-		return nil
-	}
-	t = t.Clone()
-	t.DisableKeepAlives = true
-	f := *c
-	f.Transport = t
-	return &f
+	return resp, w.Load(), err
 }
 
 // retryAfter reads a Retry-After header: seconds or an HTTP date.

@@ -37,7 +37,6 @@ type Sink struct {
 	ledger  ledger
 	pool    *pgxpool.Pool
 	client  *http.Client
-	fresh   *http.Client // no keep-alive: see post
 	metrics *Metrics
 	log     *slog.Logger
 	now     func() time.Time
@@ -46,6 +45,7 @@ type Sink struct {
 	checkSlots chan struct{} // connections the checks of this pool may hold
 	workers    chan struct{} // messages being handled, including backoff waits
 	limit      *limiter
+	breaker    *breaker
 }
 
 // NewSink checks o and returns the destination's sink.
@@ -79,9 +79,20 @@ func NewSink(o Options) (*Sink, error) {
 			return nil, err
 		}
 	}
+	metrics, log := o.Metrics, o.Logger
+	changed := func(open bool) {
+		metrics.circuit(d.Name, open)
+		if open {
+			log.Warn("webhook: destination paused: its receiver keeps failing; a probe follows the cool-down", "destination", d.Name,
+				"consecutive_failures", d.BreakerFailures, "cooldown", d.BreakerCooldown)
+		} else {
+			log.Info("webhook: destination resumed: the probe succeeded", "destination", d.Name)
+		}
+	}
 	return &Sink{
+		breaker:    newBreaker(d.BreakerFailures, d.BreakerCooldown, changed),
 		checkSlots: slotsFor(o.Pool),
-		dest:       d, ledger: ledger{pool: o.Pool, schema: id}, pool: o.Pool, client: o.Client, fresh: freshClient(o.Client),
+		dest:       d, ledger: ledger{pool: o.Pool, schema: id}, pool: o.Pool, client: o.Client,
 		metrics: o.Metrics, log: o.Logger, now: time.Now,
 		requests: make(chan struct{}, d.Concurrency),
 		// Messages waiting out a backoff hold a worker, not a request slot,
@@ -205,14 +216,20 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 				return s.finish(done, e, ent.attempts, StateSkipped, 0, "check returned false: not sent", ent.uncertain)
 			}
 		}
+		probe, err := s.breaker.admit(ctx)
+		if err != nil {
+			return outage(errShutdown)
+		}
 		select {
 		case s.requests <- struct{}{}:
 		case <-ctx.Done():
+			s.breaker.result(probe, false)
 			return outage(errShutdown)
 		}
 		claimed, err := s.ledger.claim(ctx, name, key, e.ID, ent)
 		if err != nil || !claimed {
 			<-s.requests
+			s.breaker.result(probe, false)
 			if err != nil {
 				return outage(err)
 			}
@@ -229,6 +246,7 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 		start := time.Now()
 		a := s.post(done, key, e.Document)
 		<-s.requests
+		s.breaker.result(probe, a.verdict == vDelivered || a.verdict == vRefused)
 		s.metrics.observe(name, a, time.Since(start))
 		ent.attempts, ent.inFlight = n, false
 		switch a.verdict {
