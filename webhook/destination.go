@@ -31,7 +31,11 @@ type Destination struct {
 	// Idempotent says the receiver dedupes by Idempotency-Key, so a request
 	// whose outcome is unknown (timeout or reset after it was sent) may be
 	// sent again. Otherwise such a message is parked as unknown.
-	Idempotent  bool
+	Idempotent bool
+	// Retry5xx is the receiver owner's promise that a 5xx answer means the
+	// request had no effect, so it may be sent again. Otherwise a 5xx to a
+	// non-idempotent destination parks the message as unknown.
+	Retry5xx    bool
 	Timeout     time.Duration // per request; default 5s
 	Concurrency int           // requests in flight; default 4
 	Rate        float64       // requests per second; 0: unlimited
@@ -39,6 +43,15 @@ type Destination struct {
 	// the dedupe key (text) and $2 the payload (cast it: $2::jsonb). A
 	// first column false, NULL or no row at all skips the message.
 	Check string
+	// CheckTimeout is the check's statement timeout; default 2s. Checks
+	// run READ ONLY.
+	CheckTimeout time.Duration
+
+	// BreakerFailures consecutive failed attempts pause the destination
+	// for BreakerCooldown (default 30s), after which one attempt probes
+	// it; 0 (the default) never pauses.
+	BreakerFailures int
+	BreakerCooldown time.Duration
 
 	MaxAttempts int           // attempts before giving up; default 8
 	BackoffBase time.Duration // default 500ms, doubling with jitter
@@ -51,6 +64,12 @@ func (d *Destination) setDefaults() {
 	}
 	if d.Concurrency <= 0 {
 		d.Concurrency = 4
+	}
+	if d.CheckTimeout <= 0 {
+		d.CheckTimeout = 2 * time.Second
+	}
+	if d.BreakerCooldown <= 0 {
+		d.BreakerCooldown = 30 * time.Second
 	}
 	if d.MaxAttempts <= 0 {
 		d.MaxAttempts = 8
@@ -67,6 +86,9 @@ func (d *Destination) setDefaults() {
 // URL is redacted (its path and query may hold a token).
 func (d Destination) String() string {
 	s := fmt.Sprintf("%s=%s idempotent=%t timeout=%s concurrency=%d", d.Name, RedactURL(d.URL), d.Idempotent, d.Timeout, d.Concurrency)
+	if d.Retry5xx {
+		s += " retry_5xx=true"
+	}
 	if d.Rate > 0 {
 		s += fmt.Sprintf(" rate=%g/s", d.Rate)
 	}
@@ -102,7 +124,8 @@ func (d *Destination) validate() error {
 // ParseDestination reads the --destination flag's value:
 //
 //	NAME=URL[,secret_env=VAR][,previous_secret_env=VAR[,previous_secret_until=RFC3339]][,ca_file=PEM]
-//	        [,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL]
+//	        [,idempotent=true][,retry_5xx=true][,timeout=5s][,concurrency=N][,rate=N/s]
+//	        [,breaker_failures=N][,breaker_cooldown=30s][,check_timeout=2s][,check=SQL]
 //
 // previous_secret_env holds the secret being rotated out: requests are
 // signed with both until previous_secret_until (or as long as the option
@@ -165,9 +188,25 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 			if d.Idempotent, err = strconv.ParseBool(v); err != nil {
 				return d, fmt.Errorf("destination %s: idempotent: %q is not true or false", d.Name, v)
 			}
+		case "retry_5xx":
+			if d.Retry5xx, err = strconv.ParseBool(v); err != nil {
+				return d, fmt.Errorf("destination %s: retry_5xx: %q is not true or false", d.Name, v)
+			}
 		case "timeout":
 			if d.Timeout, err = time.ParseDuration(v); err != nil || d.Timeout <= 0 {
 				return d, fmt.Errorf("destination %s: timeout: %q is not a positive duration", d.Name, v)
+			}
+		case "check_timeout":
+			if d.CheckTimeout, err = time.ParseDuration(v); err != nil || d.CheckTimeout < time.Millisecond {
+				return d, fmt.Errorf("destination %s: check_timeout: %q is not a duration of at least 1ms", d.Name, v)
+			}
+		case "breaker_failures":
+			if d.BreakerFailures, err = strconv.Atoi(v); err != nil || d.BreakerFailures < 0 {
+				return d, fmt.Errorf("destination %s: breaker_failures: %q is not a non-negative integer", d.Name, v)
+			}
+		case "breaker_cooldown":
+			if d.BreakerCooldown, err = time.ParseDuration(v); err != nil || d.BreakerCooldown <= 0 {
+				return d, fmt.Errorf("destination %s: breaker_cooldown: %q is not a positive duration", d.Name, v)
 			}
 		case "concurrency":
 			if d.Concurrency, err = strconv.Atoi(v); err != nil || d.Concurrency < 1 {
@@ -179,7 +218,7 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 				return d, fmt.Errorf("destination %s: rate: %q is not a positive number per second (like 50/s)", d.Name, v)
 			}
 		default:
-			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, previous_secret_env, previous_secret_until, ca_file, idempotent, timeout, concurrency, rate, check)", d.Name, k)
+			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, previous_secret_env, previous_secret_until, ca_file, idempotent, retry_5xx, timeout, concurrency, rate, breaker_failures, breaker_cooldown, check_timeout, check)", d.Name, k)
 		}
 	}
 	if !d.PreviousUntil.IsZero() && len(d.PreviousSecret) == 0 {

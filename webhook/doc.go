@@ -26,14 +26,18 @@
 //     is idempotent=true (the receiver dedupes by Idempotency-Key); it is
 //     marked unknown for an operator instead.
 //
-// Answers: 2xx delivered; 3xx and 4xx other than 408/429 failed with the
-// reason, never retried; 408, 429, 5xx and requests that never left
-// (connection refused) retried with backoff, at least Retry-After, up to
-// MaxAttempts, then failed. A timeout or a connection closed after the
-// request was written is an unknown outcome: idempotent destinations retry
-// it under the same key, the others park the message as unknown. The
-// eligibility check (Destination.Check) runs before each attempt; false
-// marks the message skipped without a request. A relay's shutdown never
+// Answers (see judge): 2xx delivered; 3xx and 4xx other than 408/429
+// failed with the reason, never retried; a request is sent again only when
+// the answer proves it was not processed: it never left (connection
+// refused), or 408 or 429 (with backoff, at least Retry-After, up to
+// MaxAttempts, then failed). Any other outcome after the request was
+// written (a 5xx unless Retry5xx, a timeout, a reset, a malformed answer)
+// is uncertain: idempotent destinations retry it under the same key, the
+// others park the message as unknown. A relay that loses a claim to
+// another never acknowledges the message before its row is final. The
+// eligibility check (Destination.Check) runs before each attempt, READ
+// ONLY with a statement timeout; false marks the message skipped without
+// a request. A relay's shutdown never
 // cuts a request short (that would make its outcome unknown): requests
 // run to their own timeout.
 //

@@ -34,6 +34,7 @@ type entry struct {
 	attempts  int
 	inFlight  bool
 	uncertain bool
+	conflict  bool // this message has the key of another with a different payload
 }
 
 // reserve inserts the (destination, key) row for message id, or finds the
@@ -52,11 +53,13 @@ func (l *ledger) reserve(ctx context.Context, dest, key string, id int64, payloa
 		    state = CASE WHEN d.event_id = EXCLUDED.event_id THEN EXCLUDED.state ELSE d.state END,
 		    finished_at = CASE WHEN d.event_id = EXCLUDED.event_id THEN EXCLUDED.finished_at ELSE d.finished_at END,
 		    reserved_at = CASE WHEN d.event_id = EXCLUDED.event_id THEN now() ELSE d.reserved_at END,
-		    last_error = CASE WHEN d.event_id = EXCLUDED.event_id THEN coalesce(EXCLUDED.last_error, d.last_error) ELSE d.last_error END
+		    last_error = CASE WHEN d.event_id = EXCLUDED.event_id THEN coalesce(EXCLUDED.last_error, d.last_error) ELSE d.last_error END,
+		    conflicts = CASE WHEN d.event_id <> EXCLUDED.event_id AND d.payload IS DISTINCT FROM EXCLUDED.payload
+		                     THEN d.conflicts || EXCLUDED.event_id ELSE d.conflicts END
 		WHERE (d.event_id <> EXCLUDED.event_id AND NOT EXCLUDED.event_id = ANY(d.duplicates))
 		   OR (d.event_id = EXCLUDED.event_id AND d.state = 'waiting' AND EXCLUDED.state <> 'waiting')
-		RETURNING d.event_id, d.state, d.attempts, d.in_flight, d.uncertain`,
-		dest, key, id, string(payload), initial, reason).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain)
+		RETURNING d.event_id, d.state, d.attempts, d.in_flight, d.uncertain, $3 = ANY(d.conflicts)`,
+		dest, key, id, string(payload), initial, reason).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain, &e.conflict)
 	if !errors.Is(err, pgx.ErrNoRows) {
 		if err != nil {
 			return e, fmt.Errorf("webhook: ledger: reserve %s/%s: %w", dest, key, err)
@@ -65,12 +68,19 @@ func (l *ledger) reserve(ctx context.Context, dest, key string, id int64, payloa
 	}
 	// The WHERE above left the row alone (a replay of a known message):
 	// nothing is returned, so read it.
-	err = l.pool.QueryRow(ctx, `SELECT event_id, state, attempts, in_flight, uncertain FROM `+l.schema+`.deliveries
-		WHERE destination = $1 AND dedupe_key = $2`, dest, key).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain)
+	e, err = l.read(ctx, dest, key, id)
 	if err != nil {
 		return e, fmt.Errorf("webhook: ledger: reserve %s/%s: %w", dest, key, err)
 	}
 	return e, nil
+}
+
+// read returns the row of (dest, key) as message id sees it.
+func (l *ledger) read(ctx context.Context, dest, key string, id int64) (entry, error) {
+	var e entry
+	err := l.pool.QueryRow(ctx, `SELECT event_id, state, attempts, in_flight, uncertain, $3 = ANY(conflicts) FROM `+l.schema+`.deliveries
+		WHERE destination = $1 AND dedupe_key = $2`, dest, key, id).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain, &e.conflict)
+	return e, err
 }
 
 // claim marks the next attempt as in flight, just before the request is
@@ -89,16 +99,17 @@ func (l *ledger) claim(ctx context.Context, dest, key string, id int64, seen ent
 
 // record stores an attempt's answer: state stays reserved when the
 // message will be tried again. It applies only to the attempt this relay
-// claimed (attempts = n).
-func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, state string, status int, reason string, uncertain bool) error {
-	_, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
+// claimed (attempts = n): matched is false when another relay moved the
+// row on (took the message over, or settled it).
+func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, state string, status int, reason string, uncertain bool) (matched bool, err error) {
+	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
 		SET state = $5, in_flight = false, last_status = nullif($6, 0), last_error = nullif($7, ''),
 		    uncertain = uncertain OR $8, updated_at = now(),
 		    finished_at = CASE WHEN $5 = 'reserved' THEN NULL ELSE now() END
 		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = 'reserved' AND attempts = $4`,
 		dest, key, id, n, state, status, reason, uncertain)
 	if err != nil {
-		return fmt.Errorf("webhook: ledger: record %s/%s: %w", dest, key, err)
+		return false, fmt.Errorf("webhook: ledger: record %s/%s: %w", dest, key, err)
 	}
-	return nil
+	return tag.RowsAffected() == 1, nil
 }

@@ -14,6 +14,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec   // destination, result
 	seconds  *prometheus.HistogramVec // destination
 	finals   *prometheus.CounterVec   // destination, state
+	circuits *prometheus.GaugeVec     // destination
 }
 
 // NewMetrics registers the webhook instruments on reg (nil: unregistered).
@@ -21,7 +22,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_webhook_requests_total",
-			Help: "Webhook requests by result: delivered (2xx), refused (permanent 3xx/4xx), retry (408, 429, 5xx, not sent), uncertain (sent, no answer).",
+			Help: "Webhook requests by result: delivered (2xx), refused (permanent 3xx/4xx), retry (408, 429, not sent; 5xx with retry_5xx), uncertain (written, then a 5xx or no answer).",
 		}, []string{"destination", "result"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "outboxd_webhook_request_seconds",
@@ -30,11 +31,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"destination"}),
 		finals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_webhook_messages_finished_total",
-			Help: "Messages this process brought to a final ledger state, and duplicates it refused to send.",
+			Help: "Messages this process brought to a final ledger state, and duplicates and conflicts (same key, other payload) it refused to send.",
 		}, []string{"destination", "state"}),
+		circuits: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_webhook_circuit_open",
+			Help: "1 while a destination is paused because its receiver keeps failing (breaker_failures consecutive failures); its messages wait.",
+		}, []string{"destination"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.seconds, m.finals)
+		reg.MustRegister(m.requests, m.seconds, m.finals, m.circuits)
 	}
 	return m
 }
@@ -47,6 +52,17 @@ func (m *Metrics) observe(dest string, a attempt, d time.Duration) {
 	}
 	m.requests.WithLabelValues(dest, resultNames[a.verdict]).Inc()
 	m.seconds.WithLabelValues(dest).Observe(d.Seconds())
+}
+
+func (m *Metrics) circuit(dest string, open bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if open {
+		v = 1
+	}
+	m.circuits.WithLabelValues(dest).Set(v)
 }
 
 func (m *Metrics) count(dest, state string) {

@@ -21,9 +21,48 @@ type verdict int
 const (
 	vDelivered verdict = iota // 2xx
 	vRefused                  // a permanent answer: 3xx, 4xx other than 408/429
-	vRetry                    // 408, 429, 5xx, or no request reached the receiver
-	vUncertain                // sent, then no answer (timeout, reset): it may have been received
+	vRetry                    // proved not processed: not sent, 408, 429 (and 5xx with retry_5xx)
+	vUncertain                // sent, then no proof either way (5xx, timeout, reset, bad answer)
 )
+
+// exchange is what one HTTP attempt showed: whether any byte of the
+// request was written, the status of the answer (0: none), and the
+// transport error (nil: an answer was read).
+type exchange struct {
+	wrote  bool
+	status int
+	err    error
+}
+
+// judge is the answer rule. A request is sent again only when the answer
+// proves it was not processed: it never left (connection refused, DNS,
+// TLS handshake), or the receiver said 408 or 429. Every other outcome
+// after the request was written may hide an effect: a 5xx (the proxy lost
+// the answer, the error came after the commit), a timeout, a reset, a
+// malformed answer. retry5xx is the destination owner's promise that a
+// 5xx means "no effect". Idempotent destinations retry uncertain outcomes
+// under the same key anyway (see Sink.deliver).
+func judge(x exchange, retry5xx bool) verdict {
+	code := x.status
+	switch {
+	case x.err != nil && !x.wrote:
+		return vRetry
+	case x.err != nil:
+		return vUncertain
+	case code >= 200 && code < 300:
+		return vDelivered
+	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests:
+		return vRetry
+	case code >= 500 && code < 600:
+		if retry5xx {
+			return vRetry
+		}
+		return vUncertain
+	case code >= 300 && code < 500:
+		return vRefused
+	}
+	return vUncertain // 1xx as a final answer, or a status outside HTTP's
+}
 
 type attempt struct {
 	verdict    verdict
@@ -69,17 +108,9 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 		// does not dedupe, that would be a second effect.
 		req.GetBody = nil
 	}
-	var wrote atomic.Bool
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-		WroteRequest: func(i httptrace.WroteRequestInfo) {
-			if i.Err == nil {
-				wrote.Store(true)
-			}
-		},
-	}))
-	resp, err := s.client.Do(req)
+	resp, wrote, err := s.do(req, s.client)
 	if err != nil {
-		if wrote.Load() {
+		if judge(exchange{wrote: wrote, err: err}, s.dest.Retry5xx) == vUncertain {
 			return attempt{verdict: vUncertain, reason: "no answer after the request was sent: " + err.Error()}
 		}
 		return attempt{verdict: vRetry, reason: "request not sent: " + err.Error()}
@@ -87,23 +118,36 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 	defer resp.Body.Close()
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	a := attempt{status: resp.StatusCode}
 	code := resp.StatusCode
-	switch {
-	case code >= 200 && code < 300:
-		a.verdict = vDelivered
+	a := attempt{status: code, verdict: judge(exchange{wrote: true, status: code}, s.dest.Retry5xx)}
+	if a.verdict == vDelivered {
 		return a
-	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
-		a.verdict = vRetry
+	}
+	if a.verdict == vRetry || s.dest.Idempotent {
 		a.retryAfter = retryAfter(resp.Header.Get("Retry-After"), s.now())
-	default:
-		a.verdict = vRefused
 	}
 	a.reason = fmt.Sprintf("HTTP %d", code)
+	if a.verdict == vUncertain {
+		a.reason += " after the request was written (it may have been processed)"
+	}
 	if t := strings.TrimSpace(string(snippet)); t != "" {
 		a.reason += ": " + strings.ToValidUTF8(t, "?")
 	}
 	return a
+}
+
+// do sends req with c, telling whether any request byte was written.
+func (s *Sink) do(req *http.Request, c *http.Client) (resp *http.Response, wrote bool, err error) {
+	var w atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) {
+			if i.Err == nil {
+				w.Store(true)
+			}
+		},
+	}))
+	resp, err = c.Do(req)
+	return resp, w.Load(), err
 }
 
 // retryAfter reads a Retry-After header: seconds or an HTTP date.

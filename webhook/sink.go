@@ -1,7 +1,9 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -40,9 +41,11 @@ type Sink struct {
 	log     *slog.Logger
 	now     func() time.Time
 
-	requests chan struct{} // Concurrency: requests in flight
-	workers  chan struct{} // messages being handled, including backoff waits
-	limit    *limiter
+	requests   chan struct{} // Concurrency: requests in flight
+	checkSlots chan struct{} // connections the checks of this pool may hold
+	workers    chan struct{} // messages being handled, including backoff waits
+	limit      *limiter
+	breaker    *breaker
 }
 
 // NewSink checks o and returns the destination's sink.
@@ -68,8 +71,28 @@ func NewSink(o Options) (*Sink, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if d.Check != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := validateCheck(ctx, o.Pool, d)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	metrics, log := o.Metrics, o.Logger
+	changed := func(open bool) {
+		metrics.circuit(d.Name, open)
+		if open {
+			log.Warn("webhook: destination paused: its receiver keeps failing; a probe follows the cool-down", "destination", d.Name,
+				"consecutive_failures", d.BreakerFailures, "cooldown", d.BreakerCooldown)
+		} else {
+			log.Info("webhook: destination resumed: the probe succeeded", "destination", d.Name)
+		}
+	}
 	return &Sink{
-		dest: d, ledger: ledger{pool: o.Pool, schema: id}, pool: o.Pool, client: o.Client,
+		breaker:    newBreaker(d.BreakerFailures, d.BreakerCooldown, changed),
+		checkSlots: slotsFor(o.Pool),
+		dest:       d, ledger: ledger{pool: o.Pool, schema: id}, pool: o.Pool, client: o.Client,
 		metrics: o.Metrics, log: o.Logger, now: time.Now,
 		requests: make(chan struct{}, d.Concurrency),
 		// Messages waiting out a backoff hold a worker, not a request slot,
@@ -129,6 +152,9 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 	if d, ok := outbox.MessageDestination(e.IndexName); !ok || d != name {
 		return outbox.Outcome{Status: outbox.Rejected, Reason: fmt.Sprintf("index %q is not a message for destination %s: check the stream's index filter", e.IndexName, name)}
 	}
+	if problem := poison(e); problem != "" {
+		return outbox.Outcome{Status: outbox.Rejected, Reason: fmt.Sprintf("message for destination %s cannot be delivered: %s", name, problem)}
+	}
 	initial, reason := StateReserved, ""
 	if !headerSafe(key) {
 		initial, reason = StateFailed, "dedupe_key: contains control characters, which cannot travel in an Idempotency-Key header"
@@ -136,6 +162,12 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 	ent, err := s.ledger.reserve(ctx, name, key, e.ID, e.Document, initial, reason)
 	if err != nil {
 		return outage(err)
+	}
+	if ent.eventID != e.ID && ent.conflict {
+		s.metrics.count(name, "conflict")
+		s.log.Warn("webhook: message has the dedupe key of another with a different payload; not sent", "destination", name,
+			"dedupe_key", key, "event_id", e.ID, "holder_event_id", ent.eventID)
+		return outbox.Outcome{Status: outbox.Stale, Reason: fmt.Sprintf("conflict: key %q is held by message %d with a different payload", key, ent.eventID)}
 	}
 	if ent.eventID != e.ID {
 		s.metrics.count(name, "duplicate")
@@ -156,6 +188,7 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 			return s.finish(done, e, ent.attempts, StateUnknown, 0, "the relay stopped while a request was in flight: it may have been received", true)
 		}
 	}
+	checkTries := 0
 	for {
 		if err := s.limit.wait(ctx); err != nil {
 			return outage(errShutdown)
@@ -164,32 +197,57 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 			ok, err := s.eligible(ctx, key, e.Document)
 			var pgErr *pgconn.PgError
 			switch {
+			case errors.As(err, &pgErr) && transientSQLState(pgErr.Code) && checkTries+1 < s.dest.MaxAttempts:
+				// Says nothing about this message: run the check again.
+				checkTries++
+				s.log.Warn("webhook: check failed for a passing reason; running it again", "destination", name, "dedupe_key", key,
+					"sqlstate", pgErr.Code, "err", pgErr.Message)
+				select {
+				case <-time.After(checkRetryWait(s.dest, checkTries-1)):
+				case <-ctx.Done():
+					return outage(errShutdown)
+				}
+				continue
 			case errors.As(err, &pgErr):
-				return s.finish(done, e, ent.attempts, StateFailed, 0, "check: "+pgErr.Message, ent.uncertain)
+				return s.finish(done, e, ent.attempts, StateFailed, 0, fmt.Sprintf("check: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code), ent.uncertain)
 			case err != nil:
 				return outage(fmt.Errorf("webhook: check: %w", err))
 			case !ok:
 				return s.finish(done, e, ent.attempts, StateSkipped, 0, "check returned false: not sent", ent.uncertain)
 			}
 		}
+		probe, err := s.breaker.admit(ctx)
+		if err != nil {
+			return outage(errShutdown)
+		}
 		select {
 		case s.requests <- struct{}{}:
 		case <-ctx.Done():
+			s.breaker.result(probe, false)
 			return outage(errShutdown)
 		}
 		claimed, err := s.ledger.claim(ctx, name, key, e.ID, ent)
 		if err != nil || !claimed {
 			<-s.requests
+			s.breaker.result(probe, false)
 			if err != nil {
 				return outage(err)
 			}
-			return outbox.Outcome{Status: outbox.Stale, Reason: "another relay took the message over"}
+			// Another relay works on the message: never acknowledge it
+			// before its row is final; continue from the row's state.
+			next, out, over := s.takeOver(ctx, done, e, ent)
+			if over {
+				return out
+			}
+			ent = next
+			continue
 		}
 		n := ent.attempts + 1
 		start := time.Now()
 		a := s.post(done, key, e.Document)
 		a.reason = s.dest.Redact(a.reason) // a url.Error or an echoing receiver quotes the URL
 		<-s.requests
+		s.breaker.result(probe, a.verdict == vDelivered || a.verdict == vRefused)
 		s.metrics.observe(name, a, time.Since(start))
 		ent.attempts, ent.inFlight = n, false
 		switch a.verdict {
@@ -210,8 +268,17 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 			}
 			return s.finish(done, e, n, final, a.status, fmt.Sprintf("gave up after %d attempts: %s", n, a.reason), ent.uncertain)
 		}
-		if err := s.ledger.record(done, name, key, e.ID, n, StateReserved, a.status, a.reason, ent.uncertain); err != nil {
+		matched, err := s.ledger.record(done, name, key, e.ID, n, StateReserved, a.status, a.reason, ent.uncertain)
+		if err != nil {
 			return outage(err)
+		}
+		if !matched {
+			next, out, over := s.takeOver(ctx, done, e, ent)
+			if over {
+				return out
+			}
+			ent = next
+			continue
 		}
 		wait := max(backoff(s.dest.BackoffBase, s.dest.BackoffMax, n-1), min(a.retryAfter, 10*time.Minute))
 		select {
@@ -224,27 +291,26 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 
 // finish records a final state; the relay may then acknowledge the message.
 func (s *Sink) finish(ctx context.Context, e *outbox.Event, n int, state string, status int, reason string, uncertain bool) outbox.Outcome {
-	if err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, n, state, status, reason, uncertain); err != nil {
+	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, n, state, status, reason, uncertain)
+	if err != nil {
 		return outage(err)
+	}
+	if !matched {
+		// Another relay moved the row on (took the message over, or an
+		// operator settled it): this answer is not the message's outcome.
+		s.log.Warn("webhook: answer not recorded: another relay or an operator moved the message on", "destination", s.dest.Name,
+			"dedupe_key", e.SourceID, "event_id", e.ID, "state", state, "reason", reason)
+		ent, _, over := s.takeOver(ctx, ctx, e, entry{eventID: e.ID, state: StateReserved, attempts: n})
+		if !over {
+			return outbox.Outcome{Status: outbox.Retry, Reason: fmt.Sprintf("message %s/%s still reserved at attempt %d", s.dest.Name, e.SourceID, ent.attempts)}
+		}
+		return outbox.Outcome{Status: outbox.Stale, Reason: "settled by another relay or an operator"}
 	}
 	s.metrics.count(s.dest.Name, state)
 	if state != StateDelivered {
 		s.log.Warn("webhook: message not delivered", "destination", s.dest.Name, "dedupe_key", e.SourceID, "state", state, "reason", reason)
 	}
 	return applied
-}
-
-// eligible runs the destination's check for one message.
-func (s *Sink) eligible(ctx context.Context, key string, payload []byte) (bool, error) {
-	var ok *bool
-	err := s.pool.QueryRow(ctx, s.dest.Check, key, string(payload)).Scan(&ok)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return ok != nil && *ok, nil
 }
 
 // backoff is base * 2^n with full jitter in [d/2, d], capped at max.
@@ -291,4 +357,59 @@ func (l *limiter) wait(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// poison says why an event on the destination's index can never be
+// delivered ("" if it can): only append_message's upserts of a JSON
+// object under a usable key are messages.
+func poison(e *outbox.Event) string {
+	switch {
+	case e.Op != outbox.OpUpsert:
+		return fmt.Sprintf("op %q: a message is an upsert (write it with append_message)", e.Op)
+	case e.SourceID == "" || len(e.SourceID) > 512:
+		return fmt.Sprintf("dedupe_key: %d bytes, want 1 to 512", len(e.SourceID))
+	case len(e.Document) == 0 || !json.Valid(e.Document) || bytes.TrimLeft(e.Document, " \t\r\n")[0] != '{':
+		return "payload: not a JSON object"
+	}
+	return ""
+}
+
+// takeOver continues a message whose ledger row another relay moved on.
+// over is true when the message is finished here (out is its outcome);
+// otherwise next is the row to continue from. A row final, or held by
+// another message, is acknowledged; a claim still in flight is waited
+// for, up to the request timeout and a margin, after which its relay is
+// taken to be gone: the request may have been written, so a
+// non-idempotent message becomes unknown, never re-sent.
+func (s *Sink) takeOver(ctx, done context.Context, e *outbox.Event, seen entry) (next entry, out outbox.Outcome, over bool) {
+	name, key := s.dest.Name, e.SourceID
+	var waitedOn entry
+	waited := false
+	for {
+		row, err := s.ledger.read(done, name, key, e.ID)
+		if err != nil {
+			return seen, outage(fmt.Errorf("webhook: ledger: read %s/%s: %w", name, key, err)), true
+		}
+		switch {
+		case row.eventID != e.ID:
+			return row, outbox.Outcome{Status: outbox.Stale, Reason: fmt.Sprintf("the key is now held by message %d", row.eventID)}, true
+		case row.state != StateReserved:
+			return row, outbox.Outcome{Status: outbox.Stale, Reason: "finished by another relay: " + row.state}, true
+		case !row.inFlight:
+			return row, outbox.Outcome{}, false
+		case waited && row.attempts == waitedOn.attempts:
+			// The same claim outlived its request's timeout: its relay is gone.
+			row.uncertain = true
+			if s.dest.Idempotent {
+				return row, outbox.Outcome{}, false
+			}
+			return row, s.finish(done, e, row.attempts, StateUnknown, 0, "the relay sending it was lost while a request was in flight: it may have been received", true), true
+		}
+		waitedOn, waited = row, true
+		select {
+		case <-time.After(s.dest.Timeout + time.Second):
+		case <-ctx.Done():
+			return row, outage(errShutdown), true
+		}
+	}
 }

@@ -167,11 +167,13 @@ func TestWebhookDelivery(t *testing.T) {
 		}
 	})
 
-	t.Run("500 and 429 are retried, at least Retry-After apart, then delivered", func(t *testing.T) {
+	t.Run("500 and 429 are retried with retry_5xx, at least Retry-After apart, then delivered", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		rcv := newScripted(t, status(500), status(429, "Retry-After", "1"), status(503), status(200))
-		e.run(t, destination("orders", rcv.URL, false))
+		dest := destination("orders", rcv.URL, false)
+		dest.Retry5xx = true
+		e.run(t, dest)
 		e.send(t, "orders", "k", `{}`)
 		d := e.waitState(t, "orders", "k", webhook.StateDelivered)
 		if d.Attempts != 4 || rcv.count() != 4 {
@@ -187,6 +189,7 @@ func TestWebhookDelivery(t *testing.T) {
 		e := setup(t)
 		rcv := newScripted(t, status(502))
 		d := destination("orders", rcv.URL, false)
+		d.Retry5xx = true
 		d.MaxAttempts = 3
 		e.run(t, d)
 		e.send(t, "orders", "k", `{}`)
