@@ -59,6 +59,10 @@ func fatal(err error) bool {
 	return errors.As(err, &pe) || errors.Is(err, errProgressRowMissing) || configRefused(err)
 }
 
+// IsFatal reports whether err is one that reconnecting cannot fix (see
+// Run): a command may retry everything else, as the relay itself does.
+func IsFatal(err error) bool { return fatal(err) }
+
 // configRefused reports whether the server refused the configured
 // credentials, database, schema or privileges: answers that stay the same
 // however often the relay asks.
