@@ -81,6 +81,11 @@ func checkDocument(doc []byte, validJSON bool) string {
 	if !validJSON && !json.Valid(doc) {
 		return "document: invalid JSON"
 	}
+	// Written before the outbox refused them (or around it): the index
+	// would hide such a document and purge it as a tombstone.
+	if f := outbox.ReservedField(doc); f != "" {
+		return fmt.Sprintf("document: the top-level field %s is reserved (it marks a delete's tombstone in the index)", f)
+	}
 	return ""
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -68,12 +69,37 @@ func Validate(e *Event) error {
 		return &ValidationError{"op", fmt.Sprintf("must be upsert or delete, got %q", e.Op)}
 	case e.Op == OpUpsert && !isObject(e.Document):
 		return &ValidationError{"document", "an upsert needs a JSON object"}
+	case e.Op == OpUpsert && ReservedField(e.Document) != "":
+		return &ValidationError{"document", fmt.Sprintf("the top-level field %s is reserved (it marks a delete's tombstone in the index)", ReservedField(e.Document))}
 	case e.Op == OpDelete && len(e.Document) > 0 && string(e.Document) != "null":
 		return &ValidationError{"document", "a delete must not carry a document"}
 	case len(e.Headers) > 0 && !isObject(e.Headers):
 		return &ValidationError{"headers", "must be a JSON object"}
 	}
 	return ValidateIndexName(e.IndexName)
+}
+
+// ReservedFields are the top-level document fields the index keeps for
+// itself (indexer.TombstoneField and indexer.TombstoneAtField): a document
+// carrying one would be hidden or purged as a tombstone.
+var ReservedFields = []string{"outboxd_deleted", "outboxd_deleted_at"}
+
+// ReservedField returns the first reserved top-level field of the JSON
+// object doc, or "" when it has none (or is not an object).
+func ReservedField(doc json.RawMessage) string {
+	if !bytes.Contains(doc, []byte("outboxd_deleted")) && !bytes.Contains(doc, []byte(`\u`)) {
+		return "" // the common case, without decoding (a key may be spelled with escapes)
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(doc, &fields) != nil {
+		return ""
+	}
+	for _, f := range ReservedFields {
+		if _, ok := fields[f]; ok {
+			return f
+		}
+	}
+	return ""
 }
 
 func isObject(b json.RawMessage) bool {

@@ -26,6 +26,7 @@ type cutProxy struct {
 
 	mu       sync.Mutex
 	triggers []*trigger
+	binds    []*bindTrigger
 	conns    map[net.Conn]struct{}
 	wg       sync.WaitGroup
 }
@@ -37,6 +38,16 @@ type trigger struct {
 	match func(typ byte, body []byte) bool
 	n     int
 	cut   bool
+	seen  int
+	fired chan struct{}
+}
+
+// bindTrigger fires on the n-th Bind the client sends for a statement
+// whose SQL match accepts, and cuts that connection before the server
+// sees the Bind: the statement never runs.
+type bindTrigger struct {
+	match func(sql string) bool
+	n     int
 	seen  int
 	fired chan struct{}
 }
@@ -112,7 +123,7 @@ func (p *cutProxy) serve() {
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
-			_, _ = io.Copy(s, c)
+			p.relayClient(c, s)
 			s.Close()
 			c.Close()
 		}()
@@ -149,6 +160,80 @@ func (p *cutProxy) relayServer(s, c net.Conn) {
 			return
 		}
 	}
+}
+
+// beforeBind arms a trigger on the n-th Bind of a statement whose SQL
+// match accepts and returns a channel closed once it cut the connection.
+func (p *cutProxy) beforeBind(n int, match func(sql string) bool) <-chan struct{} {
+	tr := &bindTrigger{match: match, n: n, fired: make(chan struct{})}
+	p.mu.Lock()
+	p.binds = append(p.binds, tr)
+	p.mu.Unlock()
+	return tr.fired
+}
+
+// relayClient forwards the client's messages to the server: the untyped
+// startup message, then typed ones. It remembers each prepared statement's
+// SQL (from Parse) so that a Bind can be matched by what it runs.
+func (p *cutProxy) relayClient(c, s net.Conn) {
+	var size [4]byte
+	if _, err := io.ReadFull(c, size[:]); err != nil {
+		return
+	}
+	startup := make([]byte, binary.BigEndian.Uint32(size[:]))
+	copy(startup, size[:])
+	if _, err := io.ReadFull(c, startup[4:]); err != nil {
+		return
+	}
+	if _, err := s.Write(startup); err != nil {
+		return
+	}
+	statements := map[string]string{}
+	var head [5]byte
+	for {
+		if _, err := io.ReadFull(c, head[:]); err != nil {
+			return
+		}
+		n := int(binary.BigEndian.Uint32(head[1:])) - 4
+		if n < 0 {
+			return
+		}
+		msg := make([]byte, 5+n)
+		copy(msg, head[:])
+		if _, err := io.ReadFull(c, msg[5:]); err != nil {
+			return
+		}
+		body := msg[5:]
+		switch head[0] {
+		case 'P': // Parse: name, SQL, ...
+			if f := bytes.SplitN(body, []byte{0}, 3); len(f) == 3 {
+				statements[string(f[0])] = string(f[1])
+			}
+		case 'B': // Bind: portal, statement, ...
+			if f := bytes.SplitN(body, []byte{0}, 3); len(f) == 3 && p.fireBind(statements[string(f[1])]) {
+				return
+			}
+		}
+		if _, err := s.Write(msg); err != nil {
+			return
+		}
+	}
+}
+
+func (p *cutProxy) fireBind(sql string) (cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, tr := range p.binds {
+		if tr.seen >= tr.n || !tr.match(sql) {
+			continue
+		}
+		tr.seen++
+		if tr.seen == tr.n {
+			close(tr.fired)
+			cut = true
+		}
+	}
+	return cut
 }
 
 func (p *cutProxy) fire(typ byte, body []byte) (cut bool) {

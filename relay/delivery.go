@@ -207,7 +207,7 @@ func (w *streamWriter) flush(ctx context.Context) error {
 func (w *streamWriter) store(ctx context.Context, pos position, acked int, dead []deadLetter) error {
 	if err := storeProgress(ctx, w.conn, w.r.schema, w.r.cfg.Schema, w.stream.Name, pos, acked, dead); err != nil {
 		w.r.metrics.progressErrs.WithLabelValues(w.stream.Name).Inc()
-		w.r.log.Error("relay: cannot persist progress; stopping the stream", "stream", w.stream.Name, "err", err)
+		w.r.log.Error("relay: cannot persist progress; giving up the stream to lead it again from the stored position", "stream", w.stream.Name, "err", err)
 		return err
 	}
 	w.acked, w.pending, w.stored = pos, nil, time.Now()

@@ -39,8 +39,9 @@
 // letters. Pages are acknowledged in reading order, never in completion
 // order; stores are coalesced to one per Config.StoreInterval. A crash anywhere re-delivers what came
 // after the stored position: delivery is at least once, so Sink.Write must
-// be idempotent. A failure to store progress stops the stream with a
-// *ProgressError; it is never swallowed.
+// be idempotent. A failure to store progress (a *ProgressError) is never
+// swallowed: the stream is given up with its lock and led again from the
+// stored position.
 //
 // A page read at a low rate lingers (Config.Linger, from its reading) to
 // gather what commits meanwhile, and goes as soon as it holds

@@ -100,7 +100,7 @@ func TestRelayFailures(t *testing.T) {
 		}
 	})
 
-	t.Run("a progress write failure stops the relay and leaves progress where it was", func(t *testing.T) {
+	t.Run("a progress write that keeps failing never moves progress; the stream is given up and retried, never exits", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		sink := newRecordingSink()
@@ -115,23 +115,26 @@ func TestRelayFailures(t *testing.T) {
 		if err := e.pool.QueryRow(ctx, `SELECT done_snapshot::text FROM "`+e.schema+`".progress`).Scan(&before); err != nil {
 			t.Fatal(err)
 		}
-		_, err := e.pool.Exec(ctx, `CREATE FUNCTION "`+e.schema+`".deny() RETURNS trigger LANGUAGE plpgsql AS $$
-			BEGIN RAISE EXCEPTION 'progress is read-only for this test'; END $$;
+		// Every store fails and counts itself (nextval outlives the rollback).
+		_, err := e.pool.Exec(ctx, `CREATE SEQUENCE "`+e.schema+`".denied;
+			CREATE FUNCTION "`+e.schema+`".deny() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN PERFORM nextval('"`+e.schema+`".denied'); RAISE EXCEPTION 'progress is read-only for this test'; END $$;
 			CREATE TRIGGER deny BEFORE UPDATE ON "`+e.schema+`".progress FOR EACH ROW EXECUTE FUNCTION "`+e.schema+`".deny()`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := relay.New(e.config(sink))
-		if err != nil {
-			t.Fatal(err)
-		}
+		rn := runUntilStopped(t, e.config(sink))
 		e.append(t, 5)
-		runCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		err = r.Run(runCtx)
-		if !relay.IsProgressError(err) || !strings.Contains(err.Error(), "read-only for this test") {
-			t.Fatalf("Run = %v, want a ProgressError naming the cause", err)
+		denied := func() int64 {
+			var n int64
+			if err := e.pool.QueryRow(ctx, `SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM "`+e.schema+`".denied`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
 		}
+		// Three failed stores: the stream was given up and led again twice.
+		schematest.Eventually(t, 20*time.Second, "three failed progress stores", func() bool { rn.alive(t); return denied() >= 3 })
+		rn.alive(t)
 		var after string
 		if err := e.pool.QueryRow(ctx, `SELECT done_snapshot::text FROM "`+e.schema+`".progress`).Scan(&after); err != nil {
 			t.Fatal(err)
@@ -142,6 +145,11 @@ func TestRelayFailures(t *testing.T) {
 		if n := e.backlog(t); n != 5 {
 			t.Fatalf("backlog = %d, want the 5 unacknowledged events", n)
 		}
+		if _, err := e.pool.Exec(ctx, `DROP TRIGGER deny ON "`+e.schema+`".progress`); err != nil {
+			t.Fatal(err)
+		}
+		schematest.Eventually(t, 20*time.Second, "the events are acknowledged once progress can be stored", func() bool { rn.alive(t); return e.backlog(t) == 0 })
+		rn.stop(t)
 	})
 
 	t.Run("graceful shutdown persists progress and a restart re-delivers nothing acknowledged", func(t *testing.T) {

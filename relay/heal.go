@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The relay outlives its database sessions. A PostgreSQL restart, a
@@ -15,11 +17,14 @@ import (
 // session that held it the stream's advisory lock: the relay then stops
 // delivering, drops leadership, reconnects with backoff, takes the lock
 // again (unless a standby was faster) and resumes from the stored
-// position. What was delivered after that position is delivered again,
-// which the idempotent sink absorbs; progress never advances past a write
-// that failed. Only what a reconnect cannot fix stops the relay: a
-// progress row or position that disagrees with the configuration or the
-// database (*PositionError, a missing progress row, a changed partition).
+// position. A progress write that fails on a session that is still open
+// (a statement error, a server turned read-only by a failover) is handled
+// the same way: the stream is given up with its session and its lock, and
+// led again from what was stored. What was delivered after that position
+// is delivered again, which the idempotent sink absorbs; progress never
+// advances past a write that failed. A relay started while the database
+// is unreachable waits for it. Only what a reconnect cannot fix stops the
+// relay (see fatal).
 
 // SessionLostError means the session holding a stream's lock ended; the
 // stream is given up and contended for again.
@@ -42,6 +47,75 @@ func (e *SessionLostError) Unwrap() error { return e.Err }
 func sessionLost(conn *pgx.Conn, err error) bool {
 	var sl *SessionLostError
 	return err != nil && (errors.As(err, &sl) || conn.IsClosed())
+}
+
+// fatal reports whether err is one that reconnecting and leading again
+// cannot fix, so the relay stops: a progress row or position that
+// disagrees with the configuration or the database (*PositionError, a
+// missing progress row), or a server that refuses this configuration (see
+// configRefused). Everything else, lost connections above all, is healed.
+func fatal(err error) bool {
+	var pe *PositionError
+	return errors.As(err, &pe) || errors.Is(err, errProgressRowMissing) || configRefused(err)
+}
+
+// IsFatal reports whether err is one that reconnecting cannot fix (see
+// Run): a command may retry everything else, as the relay itself does.
+func IsFatal(err error) bool { return fatal(err) }
+
+// configRefused reports whether the server refused the configured
+// credentials, database, schema or privileges: answers that stay the same
+// however often the relay asks.
+func configRefused(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch {
+	case strings.HasPrefix(pg.Code, "28"): // invalid authorization: password, role
+		return true
+	case pg.Code == "3D000", pg.Code == "3F000": // no such database, no such schema
+		return true
+	case pg.Code == "42P01", pg.Code == "42501": // outbox not migrated here, permission denied
+		return true
+	}
+	return false
+}
+
+// joinWithRetry joins the relays, retrying with backoff (capped at the
+// lease interval) whatever a reconnect can fix: a relay started while
+// PostgreSQL restarts, or whose first session is cut, waits for it
+// instead of exiting. It returns nil once joined, ctx's error on shutdown
+// and the error itself when fatal.
+func (r *Relay) joinWithRetry(ctx context.Context, m *membership) error {
+	for failures := 0; ; failures++ {
+		// Registering the streams is a start-up step like joining: a
+		// connection lost in either is retried, never a reason to exit.
+		err := r.register(ctx)
+		if err == nil {
+			err = m.join(ctx)
+		}
+		if err == nil {
+			if failures > 0 {
+				r.log.Info("relay: joined the relays", "failures", failures)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if fatal(err) {
+			return err
+		}
+		wait := r.retryWait(failures + 1)
+		r.log.Warn("relay: cannot join the relays at start; retrying", "failures", failures+1, "retry_in", wait, "err", err)
+		for _, s := range r.cfg.Streams {
+			r.setReconnecting(s.Name, err)
+		}
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+	}
 }
 
 // heartbeat checks that the session holding the stream's lock is alive.

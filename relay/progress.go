@@ -11,9 +11,11 @@ import (
 )
 
 // ProgressError means the relay could not persist its acknowledgement
-// boundary. The relay stops rather than run ahead of what it can record:
-// a restart (here or on a standby) resumes from the last stored position
-// and re-delivers what came after it.
+// boundary. The stream does not run ahead of what it can record: its
+// leader gives it up (closing the session releases the lock) and contends
+// for it again, and whoever leads it next (this process or a standby)
+// resumes from the last stored position and re-delivers what came after
+// it. Only a missing progress row stops the relay (see errProgressRowMissing).
 type ProgressError struct {
 	Stream string
 	Err    error
@@ -32,7 +34,8 @@ func IsProgressError(err error) bool {
 }
 
 // PositionError means a stream's stored position cannot be trusted against
-// the database it reads; the relay stops rather than skip or replay.
+// the database it reads, or its progress row disagrees with the configured
+// stream; the relay stops rather than skip or replay.
 type PositionError struct {
 	Stream string
 	Reason string
@@ -71,23 +74,23 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 		return position{}, fmt.Errorf("relay: load progress of %s: %w", s.Name, err)
 	}
 	if int(lo) != s.BucketLo || int(hi) != s.BucketHi {
-		return position{}, fmt.Errorf("relay: stream %s: stored bucket range %d..%d differs from configured %d..%d; use a new stream name when changing partitions",
-			s.Name, lo, hi, s.BucketLo, s.BucketHi)
+		return position{}, &PositionError{Stream: s.Name, Reason: fmt.Sprintf("stored bucket range %d..%d differs from configured %d..%d; use a new stream name when changing partitions",
+			lo, hi, s.BucketLo, s.BucketHi)}
 	}
 	// A stream's position covers the events its filter selected and no
 	// others: reading with another filter under the same name would treat
 	// events it never delivered as acknowledged.
 	if !sameSet(stored, s.Indexes) {
-		return position{}, fmt.Errorf("relay: stream %s: stored index filter %v differs from configured %v; use a new stream name when changing the stream's index filter",
-			s.Name, stored, s.Indexes)
+		return position{}, &PositionError{Stream: s.Name, Reason: fmt.Sprintf("stored index filter %v differs from configured %v; use a new stream name when changing the stream's index filter",
+			stored, s.Indexes)}
 	}
 	// Excluding more only hands events to other streams; excluding less
 	// would bring back events this stream's position already passed over
 	// without delivering them.
 	for _, x := range storedExclude {
 		if !slices.Contains(s.Exclude, x) {
-			return position{}, fmt.Errorf("relay: stream %s: stored exclusions %v are not all in the configured %v; use a new stream name when a stream stops excluding an index",
-				s.Name, storedExclude, s.Exclude)
+			return position{}, &PositionError{Stream: s.Name, Reason: fmt.Sprintf("stored exclusions %v are not all in the configured %v; use a new stream name when a stream stops excluding an index",
+				storedExclude, s.Exclude)}
 		}
 	}
 	if !sameSet(storedExclude, s.Exclude) {
@@ -112,9 +115,14 @@ func loadProgress(ctx context.Context, conn *pgx.Conn, schema string, s Stream) 
 	return p, nil
 }
 
+// errProgressRowMissing means the stream's progress row went away under its
+// leader (an operator dropped the stream): leading it again would register
+// it anew and replay every retained event, so the relay stops instead.
+var errProgressRowMissing = errors.New("progress row is missing")
+
 // storeProgress persists pos and parks dead letters in one transaction on
 // the leader's own connection: if that session (and so its advisory lock)
-// is gone, the write fails and the relay stops instead of advancing.
+// is gone, the write fails and the stream is given up instead of advancing.
 // Without dead letters the UPDATE is its own transaction: one round trip.
 func storeProgress(ctx context.Context, conn *pgx.Conn, schema, schemaName, stream string, pos position, acked int, dead []deadLetter) error {
 	var batch any
@@ -155,7 +163,7 @@ func updateProgress(ctx context.Context, db interface {
 		return &ProgressError{Stream: stream, Err: err}
 	}
 	if tag.RowsAffected() != 1 {
-		return &ProgressError{Stream: stream, Err: errors.New("progress row is missing")}
+		return &ProgressError{Stream: stream, Err: errProgressRowMissing}
 	}
 	return nil
 }

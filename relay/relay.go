@@ -176,16 +176,12 @@ func (r *Relay) Streams() []Stream { return r.cfg.Streams }
 // Run leads whichever streams it can until ctx is cancelled, then shuts
 // down gracefully: it stops reading, lets in-flight writes finish within
 // ShutdownTimeout and persists progress. It returns nil after a graceful
-// shutdown and an error (e.g. a *ProgressError) when a stream cannot go on.
+// shutdown and an error only for what reconnecting cannot fix (see fatal;
+// e.g. a *PositionError): lost connections, at start or later, and failed
+// progress writes are retried.
 func (r *Relay) Run(ctx context.Context) error {
-	if err := r.register(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil // shut down before it began: nothing to report
-		}
-		return err
-	}
 	member := &membership{r: r}
-	if err := member.join(ctx); err != nil {
+	if err := r.joinWithRetry(ctx, member); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -304,16 +300,24 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 					failures = 0
 					err := r.lead(ctx, member, conn, s)
 					lost := sessionLost(conn, err)
-					// Closing the session is what releases the lock.
+					// Closing the session is what releases the lock: the
+					// stream is given up, whatever ended its leadership.
 					conn.Close(context.WithoutCancel(ctx))
 					conn = nil
-					// A lost session is healed by contending again, except
-					// on shutdown, where the unstored position is reported.
-					if err != nil && (!lost || ctx.Err() != nil) {
+					// A lost session or a failed step (a progress write
+					// above all) is healed by contending again from the
+					// stored position, except on shutdown, where the
+					// unstored position is reported, and for what a new
+					// leadership would meet again.
+					if err != nil && (ctx.Err() != nil || fatal(err)) {
 						return err
 					}
-					if lost {
-						r.log.Warn("relay: lost the stream's database session; reconnecting", "stream", s.Name, "err", err)
+					if err != nil {
+						if lost {
+							r.log.Warn("relay: lost the stream's database session; reconnecting", "stream", s.Name, "err", err)
+						} else {
+							r.log.Warn("relay: gave up the stream after a failed step; contending for it again", "stream", s.Name, "err", err)
+						}
 						r.setReconnecting(s.Name, err)
 						failures++
 					}

@@ -30,6 +30,15 @@ func addDBFlags(fs *flag.FlagSet) *dbFlags {
 }
 
 func (f *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := f.poolConfig()
+	if err != nil {
+		return nil, err
+	}
+	return connectPool(ctx, cfg)
+}
+
+// poolConfig checks the flags and parses the URL, without connecting.
+func (f *dbFlags) poolConfig() (*pgxpool.Config, error) {
 	if f.url == "" {
 		return nil, fmt.Errorf("database-url: not set (flag --database-url or env DATABASE_URL)")
 	}
@@ -42,6 +51,11 @@ func (f *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("database-url: cannot be parsed as a PostgreSQL URL or DSN")
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "outboxd"
+	return cfg, nil
+}
+
+// connectPool opens a pool and checks that the server answers.
+func connectPool(ctx context.Context, cfg *pgxpool.Config) (*pgxpool.Pool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -28,15 +29,24 @@ func relayMemoryLimit(spec string, f relayFlags, streams int) (int64, error) {
 	case "off", "0":
 		return 0, nil
 	}
-	n, err := parseBytes(spec)
+	n, unit, err := parseBytes(spec)
 	if err != nil {
 		return 0, fmt.Errorf("memory-limit: %w", err)
+	}
+	// A bare number was read as bytes: 512 meant 512 MiB, and a limit of
+	// 512 bytes makes the runtime collect without pause.
+	if !unit {
+		return 0, fmt.Errorf("memory-limit: %q has no unit; give one, such as %sMiB (units: B, KiB, MiB, GiB, KB, MB, GB), or auto or off", spec, strings.TrimSpace(spec))
+	}
+	if n < memoryBase {
+		return 0, fmt.Errorf("memory-limit: %q is below the %d MiB the process needs besides its pages; give at least %dMiB, or auto or off", spec, memoryBase>>20, memoryBase>>20)
 	}
 	return n, nil
 }
 
-// parseBytes reads a size such as 512MiB, 2GiB, 300MB or 1048576.
-func parseBytes(in string) (int64, error) {
+// parseBytes reads a size such as 512MiB, 2GiB, 300MB or 1048576, and
+// reports whether it carried a unit.
+func parseBytes(in string) (n int64, unit bool, err error) {
 	s := strings.TrimSpace(in)
 	units := []struct {
 		suffix string
@@ -45,15 +55,15 @@ func parseBytes(in string) (int64, error) {
 	mult := int64(1)
 	for _, u := range units {
 		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			s, mult, unit = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult, true
 			break
 		}
 	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("want auto, off, or a size such as 512MiB, got %q", in)
+	n, err = strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, false, fmt.Errorf("want auto, off, or a size such as 512MiB, got %q", in)
 	}
-	return n * mult, nil
+	return n * mult, unit, nil
 }
 
 // applyMemoryLimit sets the soft memory limit unless GOMEMLIMIT does.

@@ -86,8 +86,11 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	log := slog.Default()
 
-	pool, err := db.pool(ctx)
+	pool, err := relayPool(ctx, db, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for PostgreSQL
+		}
 		return err
 	}
 	defer pool.Close()
@@ -152,6 +155,33 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	log.Info("relay stopped")
 	return nil
+}
+
+// relayPool connects the relay's pool. A PostgreSQL that does not answer
+// yet (restarting, a connection cut at start) is waited for with backoff,
+// logged: a relay never exits for a lost connection. A refused
+// configuration (credentials, no such database) ends the command.
+func relayPool(ctx context.Context, db *dbFlags, log *slog.Logger) (*pgxpool.Pool, error) {
+	cfg, err := db.poolConfig()
+	if err != nil {
+		return nil, err
+	}
+	for failures := 1; ; failures++ {
+		pool, err := connectPool(ctx, cfg)
+		if err == nil {
+			return pool, nil
+		}
+		if ctx.Err() != nil || relay.IsFatal(err) {
+			return nil, err
+		}
+		wait := min(100*time.Millisecond<<min(failures-1, 8), 10*time.Second)
+		log.Warn("cannot connect to PostgreSQL at start; retrying", "failures", failures, "retry_in", wait, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
 }
 
 func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {

@@ -98,6 +98,9 @@ type ReconcileReport struct {
 	NeedsRepair int64 `json:"needs_repair"`
 	Applied     bool  `json:"applied"`
 	Events      int64 `json:"events"` // fix events appended (or that --apply would append)
+	// Rejected lists source rows whose fix cannot be appended (a document
+	// with a reserved field); the other fixes go on.
+	Rejected []BackfillReject `json:"rejected,omitempty"`
 }
 
 // Drifted reports whether any drift was found.
@@ -480,6 +483,12 @@ type reconFixer struct {
 }
 
 func (f *reconFixer) add(ctx context.Context, e outbox.Event) error {
+	// The outbox would refuse the whole batch for this one row.
+	if field := outbox.ReservedField(e.Document); e.Op == outbox.OpUpsert && field != "" {
+		f.rep.Rejected = append(f.rep.Rejected, BackfillReject{e.SourceID,
+			fmt.Sprintf("document: the top-level field %s is reserved (it marks a delete's tombstone in the index)", field)})
+		return nil
+	}
 	e.EventType = "outboxd.reconcile"
 	f.rep.Events++
 	if !f.opts.Apply {
