@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/outbox"
@@ -106,6 +107,24 @@ func TestBackfillOneRunPerIndex(t *testing.T) {
 WHERE locktype = 'advisory' AND classid = hashtext('outboxd.backfill')::oid AND objid = hashtext($1)::oid AND granted`,
 			e.schema+"."+e.name).Scan(&terminated); err != nil || terminated != 1 {
 			t.Fatalf("terminated %d sessions holding the backfill lock, %v; want the running backfill's one", terminated, err)
+		}
+		// pg_terminate_backend only signals the backend: wait until it has
+		// exited and its lock is free, or the next run is refused for the
+		// lock the dying session still holds.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			var held int
+			if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND classid = hashtext('outboxd.backfill')::oid AND objid = hashtext($1)::oid AND granted`,
+				e.schema+"."+e.name).Scan(&held); err != nil {
+				t.Fatal(err)
+			}
+			if held == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the terminated session still holds the backfill lock after 30s")
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 		second := o
 		second.Restart = true
