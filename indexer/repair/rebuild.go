@@ -753,10 +753,10 @@ func newIndexBody(ctx context.Context, es *elasticsearch.Client, old string, map
 		}
 		m = got[old].Mappings
 	}
-	if s == nil {
-		if s, err = copyableSettings(ctx, es, old); err != nil {
-			return nil, err
-		}
+	// Settings not given are the current index's: the shard count,
+	// replicas, analysis and gc_deletes stay unless they are overridden.
+	if s, err = mergedSettings(ctx, es, old, s); err != nil {
+		return nil, err
 	}
 	spec, _ := json.Marshal(map[string]json.RawMessage{"mappings": m, "settings": s})
 	return indexer.IndexBody(spec)
@@ -777,22 +777,64 @@ func unwrapSpec(key string, b []byte) (json.RawMessage, error) {
 	return b, nil
 }
 
-// copyableSettings are the old index's settings without those
-// Elasticsearch sets itself and refuses at creation.
-func copyableSettings(ctx context.Context, es *elasticsearch.Client, old string) (json.RawMessage, error) {
+// mergedSettings are the old index's settings, without those
+// Elasticsearch sets itself and refuses at creation, with given laid over
+// them key by key (a null in given removes the key: its default applies).
+func mergedSettings(ctx context.Context, es *elasticsearch.Client, old string, given json.RawMessage) (json.RawMessage, error) {
 	var got map[string]struct {
-		Settings struct {
-			Index map[string]json.RawMessage `json:"index"`
-		} `json:"settings"`
+		Settings map[string]any `json:"settings"`
 	}
-	if err := scanDo(ctx, es, "get settings of "+old, esapi.IndicesGetSettingsRequest{Index: []string{old}}, &got); err != nil {
+	if err := scanDo(ctx, es, "get settings of "+old, esapi.IndicesGetSettingsRequest{Index: []string{old}, FlatSettings: &ptrTrue}, &got); err != nil {
 		return nil, err
 	}
-	idx := got[old].Settings.Index
-	for _, k := range []string{"uuid", "version", "creation_date", "provided_name", "history_uuid", "resize", "routing", "blocks", "verified_before_close", "shrink"} {
-		delete(idx, k)
+	flat := got[old].Settings
+	for k := range flat {
+		if !copyableSetting(k) {
+			delete(flat, k)
+		}
 	}
-	return json.Marshal(map[string]any{"index": idx})
+	if len(given) > 0 {
+		var user map[string]any
+		if err := json.Unmarshal(given, &user); err != nil || user == nil {
+			return nil, fmt.Errorf("indexer: rebuild: settings: must be a JSON object")
+		}
+		flattenSettings("", user, flat)
+	}
+	return json.Marshal(flat)
+}
+
+// copyableSetting says whether an old index's (flat) setting can be given
+// when creating an index.
+func copyableSetting(key string) bool {
+	for _, k := range []string{"uuid", "version", "creation_date", "provided_name", "history_uuid", "resize", "routing", "blocks", "verified_before_close", "shrink"} {
+		if key == "index."+k || strings.HasPrefix(key, "index."+k+".") {
+			return false
+		}
+	}
+	return true
+}
+
+// flattenSettings writes settings, nested or dotted, as flat keys under
+// "index." into out; null removes a key and everything below it.
+func flattenSettings(prefix string, settings map[string]any, out map[string]any) {
+	for k, v := range settings {
+		key := prefix + k
+		if prefix == "" && key != "index" && !strings.HasPrefix(key, "index.") {
+			key = "index." + key
+		}
+		switch v := v.(type) {
+		case map[string]any:
+			flattenSettings(key+".", v, out)
+		case nil:
+			for have := range out {
+				if have == key || strings.HasPrefix(have, key+".") {
+					delete(out, have)
+				}
+			}
+		default:
+			out[key] = v
+		}
+	}
 }
 
 var ptrTrue = true
