@@ -205,7 +205,23 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		}
 		rep.Swapped = true
 	}
-	if cur.Phase == PhaseSwapped {
+	if cur.Phase == PhaseSwapped && !cur.Dropped {
+		// Killed between deleting the old index and storing that.
+		exists, err := indexExists(ctx, o.ES, cur.Old)
+		if err != nil {
+			return rep, err
+		}
+		cur.Dropped = !exists
+	}
+	if cur.Phase == PhaseSwapped && cur.Dropped {
+		// The old index was dropped (after its last catch-up) before this
+		// rebuild was finished: nothing is left to copy.
+		if err := st.finish(ctx, 0); err != nil {
+			return rep, err
+		}
+		rep.Swapped = true
+	}
+	if cur.Phase == PhaseSwapped && !cur.Dropped {
 		select {
 		case <-time.After(o.Grace):
 		case <-ctx.Done():
@@ -527,9 +543,12 @@ func (r *rebuilder) swap(ctx context.Context) error {
 	if _, err := indexer.Perform(ctx, r.o.ES, "swap aliases of "+name, esapi.IndicesUpdateAliasesRequest{Body: strings.NewReader(body)}); err != nil {
 		return err
 	}
-	r.o.Logger.Info("rebuild swapped", "index", name, "old_index", r.cur.Old, "new_index", r.cur.New)
 	r.cur.Phase = PhaseSwapped
-	return r.st.setPhase(ctx, PhaseSwapped)
+	if err := r.st.setPhase(ctx, PhaseSwapped); err != nil {
+		return err
+	}
+	r.o.Logger.Info("rebuild swapped", "index", name, "old_index", r.cur.Old, "new_index", r.cur.New)
+	return nil
 }
 
 // AbortRebuild deletes the half-built index of an unfinished rebuild of
@@ -549,6 +568,9 @@ func AbortRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es
 		return "", err
 	}
 	if cur == nil || (cur.Phase != PhaseCopying && cur.Phase != PhaseCatchingUp) {
+		if cur != nil && cur.Phase == PhaseSwapped {
+			return "", fmt.Errorf("indexer: rebuild %s: nothing to abort: %s already reads %s; run the rebuild again (or --drop-old) to finish it", name, name, cur.New)
+		}
 		return "", fmt.Errorf("indexer: rebuild %s: nothing to abort (no unfinished rebuild)", name)
 	}
 	if behind, err := writeIndexOf(ctx, es, name); err != nil {
@@ -615,7 +637,17 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 	if _, err := indexer.Perform(ctx, es, "delete index "+cur.Old, esapi.IndicesDeleteRequest{Index: []string{cur.Old}}); err != nil && !scanIsStatus(err, 404) {
 		return nil, err
 	}
-	return []string{cur.Old}, st.dropped(ctx)
+	if err := st.dropped(ctx); err != nil {
+		return nil, err
+	}
+	if cur.Phase == PhaseSwapped {
+		// A rebuild killed after its swap: the catch-up above was its
+		// final one, so dropping the old index finishes it.
+		if err := st.finish(ctx, 0); err != nil {
+			return nil, err
+		}
+	}
+	return []string{cur.Old}, nil
 }
 
 // writeIndexOf returns the concrete index behind name's write alias.

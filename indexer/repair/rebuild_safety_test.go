@@ -2,6 +2,8 @@ package repair
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -36,6 +38,44 @@ func TestRebuildSettingsMerge(t *testing.T) {
 		}
 	}
 	if docs := searchRead(t, e.es, e.name); len(docs) != 20 {
+		t.Fatalf("%d documents visible", len(docs))
+	}
+}
+
+func TestRebuildKilledAfterSwapThenDropOld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setupRebuild(t, 30)
+	o := e.rebuildOpts()
+	cctx, cancel := context.WithCancel(ctx)
+	o.Logger = slog.New(cancelOn{msg: "rebuild swapped", cancel: cancel})
+	_, err := Rebuild(cctx, o)
+	cancel()
+	o.Logger = nil
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("first run: %v; want it killed after the swap", err)
+	}
+	if p, _ := e.phase(t); p != PhaseSwapped {
+		t.Fatalf("phase after the kill: %s", p)
+	}
+	if _, err := AbortRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "--drop-old") {
+		t.Fatalf("abort of a swapped rebuild: %v; want it to say the way forward", err)
+	}
+	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+		t.Fatalf("drop-old: %v", err)
+	}
+	if p, _ := e.phase(t); p != PhaseDone {
+		t.Errorf("phase after drop-old of a swapped rebuild: %s, want done", p)
+	}
+	if open, err := Rebuilds(ctx, e.pool, e.schema); err != nil || len(open) != 0 {
+		t.Errorf("rebuilds in progress after drop-old: %+v, %v", open, err)
+	}
+	o.Mappings = nil
+	rep, err := Rebuild(ctx, o)
+	if err != nil || !rep.Swapped || rep.NewIndex != e.name+"-000003" {
+		t.Fatalf("the next rebuild: %+v, %v", rep, err)
+	}
+	if docs := searchRead(t, e.es, e.name); len(docs) != 30 {
 		t.Fatalf("%d documents visible", len(docs))
 	}
 }
