@@ -162,6 +162,15 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 			cur = nil
 		}
 	}
+	if o.From == "index" && (cur == nil || cur.Phase == PhaseCopying) {
+		from := behind
+		if cur != nil {
+			from = cur.Old
+		}
+		if err := checkSourceKept(ctx, o.ES, o.Index, from); err != nil {
+			return nil, err
+		}
+	}
 	r := &rebuilder{o: o, st: st}
 	if cur == nil {
 		if cur, err = r.begin(ctx, behind, hash); err != nil {
@@ -648,6 +657,37 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 		}
 	}
 	return []string{cur.Old}, nil
+}
+
+// checkSourceKept refuses a copy from index when its _source does not
+// hold every field: the copy would silently lose what it leaves out.
+func checkSourceKept(ctx context.Context, es *elasticsearch.Client, name, index string) error {
+	var got map[string]struct {
+		Mappings struct {
+			Source struct {
+				Enabled  *bool    `json:"enabled"`
+				Includes []string `json:"includes"`
+				Excludes []string `json:"excludes"`
+			} `json:"_source"`
+		} `json:"mappings"`
+	}
+	if err := scanDo(ctx, es, "get mapping of "+index, esapi.IndicesGetMappingRequest{Index: []string{index}}, &got); err != nil {
+		return err
+	}
+	src := got[index].Mappings.Source
+	why := ""
+	switch {
+	case src.Enabled != nil && !*src.Enabled:
+		why = "_source is disabled"
+	case len(src.Excludes) > 0:
+		why = "_source.excludes leaves out " + strings.Join(src.Excludes, ", ")
+	case len(src.Includes) > 0:
+		why = "_source.includes keeps only " + strings.Join(src.Includes, ", ")
+	}
+	if why != "" {
+		return fmt.Errorf("indexer: rebuild %s: from: %s cannot be copied from the index: %s, so those fields would be lost; rebuild from the source table instead (--from source --source-sql ...)", name, index, why)
+	}
+	return nil
 }
 
 // writeIndexOf returns the concrete index behind name's write alias.

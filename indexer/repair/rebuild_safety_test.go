@@ -79,3 +79,23 @@ func TestRebuildKilledAfterSwapThenDropOld(t *testing.T) {
 		t.Fatalf("%d documents visible", len(docs))
 	}
 }
+
+func TestRebuildRefusesIndexWithoutFullSource(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ what, source, want string }{
+		{"excluded fields", `{"excludes":["secret"]}`, "_source.excludes leaves out secret"},
+		{"a disabled _source", `{"enabled":false}`, "_source is disabled"},
+	} {
+		t.Run("a copy from an index with "+c.what+" is refused, naming --from source", func(t *testing.T) {
+			t.Parallel()
+			e := setupRebuildSpec(t, 5, `{"mappings":{"_source":`+c.source+`,"properties":{"title":{"type":"keyword"}}}}`)
+			_, err := Rebuild(context.Background(), e.rebuildOpts())
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--from source") {
+				t.Fatalf("rebuild from the index: %v; want a refusal naming %q and --from source", err, c.want)
+			}
+			if ok, _ := indexExists(context.Background(), e.es, e.name+"-000002"); ok {
+				t.Fatal("the refused rebuild created the new index")
+			}
+		})
+	}
+}
