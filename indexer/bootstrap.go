@@ -445,3 +445,26 @@ func CheckName(name string) error { return checkName(name) }
 func WriteTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
 	return writeTarget(ctx, es, name)
 }
+
+// LayoutExists reports whether anything of name's layout is there (N,
+// N-write or N-000001): a tool that would otherwise create the index with
+// a spec it was not given can refuse instead.
+func LayoutExists(ctx context.Context, es *elasticsearch.Client, name string) (bool, error) {
+	if err := checkName(name); err != nil {
+		return false, err
+	}
+	write, first := WriteAlias(name), FirstIndex(name)
+	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
+		Name:              []string{name, write, first},
+		ExpandWildcards:   "all",
+		IgnoreUnavailable: &ptrTrue,
+	})
+	if err != nil {
+		return false, err
+	}
+	var r resolved
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return false, fmt.Errorf("indexer: resolve index: %w", err)
+	}
+	return r.alias(name) != nil || r.alias(write) != nil || r.index(first) || r.index(name), nil
+}
