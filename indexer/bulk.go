@@ -184,6 +184,9 @@ func outcomeOf(c itemClass, reason string) outbox.Outcome {
 		return outbox.Outcome{Status: outbox.Stale}
 	case classRejected:
 		return outbox.Outcome{Status: outbox.Rejected, Reason: reason}
+	case classMissingAlias:
+		// The index's fault, not the event's: wait, charging no attempt.
+		return outbox.Outcome{Status: outbox.Retry, Reason: reason, Outage: true}
 	}
 	return outbox.Outcome{Status: outbox.Retry, Reason: reason}
 }

@@ -588,7 +588,7 @@ func AbortRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es
 		_ = st.setPhase(ctx, PhaseSwapped)
 		return "", fmt.Errorf("indexer: rebuild %s: already swapped to %s; run the rebuild again to finish it", name, cur.New)
 	}
-	if _, err := indexer.Perform(ctx, es, "delete index "+cur.New, esapi.IndicesDeleteRequest{Index: []string{cur.New}}); err != nil && !scanIsStatus(err, 404) {
+	if err := deleteUnaliased(ctx, es, name, cur.New); err != nil {
 		return "", err
 	}
 	return cur.New, st.setPhase(ctx, PhaseAborted)
@@ -630,6 +630,17 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 	if err != nil || !exists {
 		return nil, err
 	}
+	if alias, err := aliasOn(ctx, es, st.index, cur.Old); err != nil {
+		return nil, err
+	} else if alias != "" {
+		// The names were moved back to the old index (an undo of the
+		// rebuild): it is the live index now, never dropped.
+		if force {
+			return nil, fmt.Errorf("indexer: rebuild %s: %s points at %s again (the aliases were moved back to it); outboxd never deletes an index %s, %s or %s points at; nothing dropped",
+				st.index, alias, cur.Old, st.index, indexer.WriteAlias(st.index), indexer.ReadAlias(st.index))
+		}
+		return nil, nil
+	}
 	if !force && (cur.KeepUntil == nil || time.Now().Before(*cur.KeepUntil)) {
 		until := "until outboxd rebuild --drop-old"
 		if cur.KeepUntil != nil {
@@ -643,7 +654,7 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 	if _, err := r.catchUp(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := indexer.Perform(ctx, es, "delete index "+cur.Old, esapi.IndicesDeleteRequest{Index: []string{cur.Old}}); err != nil && !scanIsStatus(err, 404) {
+	if err := deleteUnaliased(ctx, es, st.index, cur.Old); err != nil {
 		return nil, err
 	}
 	if err := st.dropped(ctx); err != nil {
@@ -688,6 +699,40 @@ func checkSourceKept(ctx context.Context, es *elasticsearch.Client, name, index 
 		return fmt.Errorf("indexer: rebuild %s: from: %s cannot be copied from the index: %s, so those fields would be lost; rebuild from the source table instead (--from source --source-sql ...)", name, index, why)
 	}
 	return nil
+}
+
+// deleteUnaliased deletes index unless one of name's aliases (N, N-write,
+// N-read) points at it, checked right before the delete: every delete of
+// an outboxd tool goes through here, so none removes live data.
+func deleteUnaliased(ctx context.Context, es *elasticsearch.Client, name, index string) error {
+	alias, err := aliasOn(ctx, es, name, index)
+	if err != nil {
+		return err
+	}
+	if alias != "" {
+		return fmt.Errorf("indexer: rebuild %s: refusing to delete %s: %s points at it (outboxd never deletes an index %s, %s or %s points at)",
+			name, index, alias, name, indexer.WriteAlias(name), indexer.ReadAlias(name))
+	}
+	if _, err := indexer.Perform(ctx, es, "delete index "+index, esapi.IndicesDeleteRequest{Index: []string{index}}); err != nil && !scanIsStatus(err, 404) {
+		return err
+	}
+	return nil
+}
+
+// aliasOn returns the first of name's aliases that points at index, or "".
+func aliasOn(ctx context.Context, es *elasticsearch.Client, name, index string) (string, error) {
+	r, err := resolveNames(ctx, es, name, indexer.WriteAlias(name), indexer.ReadAlias(name))
+	if err != nil {
+		return "", err
+	}
+	for _, a := range r.Aliases {
+		for _, t := range a.Indices {
+			if t == index {
+				return a.Name, nil
+			}
+		}
+	}
+	return "", nil
 }
 
 // writeIndexOf returns the concrete index behind name's write alias.

@@ -3,9 +3,12 @@ package repair
 import (
 	"context"
 	"errors"
+	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/outbox"
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 )
 
 // settingsOf returns the flat settings of index as one JSON text.
@@ -97,5 +100,55 @@ func TestRebuildRefusesIndexWithoutFullSource(t *testing.T) {
 				t.Fatal("the refused rebuild created the new index")
 			}
 		})
+	}
+}
+
+func TestRebuildNeverDeletesLiveIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setupRebuild(t, 20)
+	first, second := indexer.FirstIndex(e.name), e.name+"-000002"
+	o := e.rebuildOpts()
+	o.Keep = time.Hour
+	if rep, err := Rebuild(ctx, o); err != nil || !rep.Swapped {
+		t.Fatalf("rebuild: %+v, %v", rep, err)
+	}
+	// The operator undoes the rebuild: every name back on the old index.
+	filter := indexer.ReadFilter
+	body := `{"actions":[
+		{"remove":{"index":"` + second + `","alias":"` + indexer.WriteAlias(e.name) + `"}},
+		{"remove":{"index":"` + second + `","alias":"` + e.name + `"}},
+		{"remove":{"index":"` + second + `","alias":"` + indexer.ReadAlias(e.name) + `"}},
+		{"add":{"index":"` + first + `","alias":"` + indexer.WriteAlias(e.name) + `","is_write_index":true}},
+		{"add":{"index":"` + first + `","alias":"` + e.name + `","filter":` + filter + `}},
+		{"add":{"index":"` + first + `","alias":"` + indexer.ReadAlias(e.name) + `","filter":` + filter + `}}]}`
+	if st, b := esCall(t, e.es, "POST", "/_aliases", body); st != 200 {
+		t.Fatalf("move the aliases back: %d %s", st, b)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE "`+e.schema+`".rebuilds SET keep_until = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Rebuild(ctx, o)
+	t.Logf("rebuild after the undo: %v", err)
+	if ok, _ := indexExists(ctx, e.es, first); !ok {
+		t.Fatalf("the rebuild after the undo deleted %s, the index the names point at", first)
+	}
+	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "never deletes") {
+		t.Fatalf("drop-old of the live index: %v; want a refusal", err)
+	}
+	if docs := searchRead(t, e.es, e.name); len(docs) != 20 {
+		t.Fatalf("%d documents visible after the undo, want 20", len(docs))
+	}
+
+	// The names gone altogether while a later concrete index is there: the
+	// sink does not create an empty first index beside it, and says why.
+	esCall(t, e.es, "DELETE", "/"+first, "")
+	esCall(t, e.es, "DELETE", "/"+second+"/_alias/*", "")
+	_, err = newSink(t, indexer.Options{Client: e.es}).Write(ctx, []outbox.Event{upsert(e.name, "new", 1, `{"title":"x"}`)})
+	if !indexer.IsConfig(err) || !strings.Contains(err.Error(), second+" exists") {
+		t.Fatalf("a write with the aliases gone and %s there: %v; want the sink paused, naming %s", second, err, second)
+	}
+	if ok, _ := indexExists(ctx, e.es, first); ok {
+		t.Fatalf("bootstrap created an empty %s beside %s", first, second)
 	}
 }
