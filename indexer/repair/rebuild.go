@@ -73,6 +73,7 @@ type RebuildOptions struct {
 // RebuildReport is what Rebuild did.
 type RebuildReport struct {
 	Index      string           `json:"index"`
+	Run        string           `json:"run"` // this run's id, stored as the row's run_id`
 	OldIndex   string           `json:"old_index"`
 	NewIndex   string           `json:"new_index"`
 	Resumed    string           `json:"resumed_phase,omitempty"`
@@ -126,7 +127,8 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		return nil, err
 	}
 	defer unlock()
-	rep := &RebuildReport{Index: o.Index}
+	rep := &RebuildReport{Index: o.Index, Run: st.run}
+	o.Logger = o.Logger.With("run", st.run)
 	cur, err := st.load(ctx)
 	if err != nil {
 		return nil, err
@@ -136,11 +138,15 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		return nil, err
 	}
 	hash := o.hash()
+	// otherOptions: the unfinished rebuild that is finished first was
+	// started with other mappings, settings or source than these.
+	otherOptions := false
 	if cur != nil {
 		switch cur.Phase {
 		case PhaseCopying, PhaseCatchingUp:
 			if behind == cur.New {
 				// Swapped, but killed before the phase was stored.
+				otherOptions = cur.Hash != hash
 				cur.Phase = PhaseSwapped
 				if err := st.setPhase(ctx, PhaseSwapped); err != nil {
 					return nil, err
@@ -152,6 +158,7 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 			}
 			rep.Resumed = cur.Phase
 		case PhaseSwapped:
+			otherOptions = cur.Hash != hash
 			rep.Resumed = cur.Phase
 		default:
 			dropped, err := dropKeptOld(ctx, o.ES, st, cur, false)
@@ -250,6 +257,9 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 	rep.Seconds = time.Since(start).Seconds()
 	o.Logger.Info("rebuild finished", "index", o.Index, "old_index", cur.Old, "new_index", cur.New,
 		"copied", rep.Copied, "caught_up", rep.CaughtUp, "rejected", rep.Rejected)
+	if otherOptions {
+		return rep, fmt.Errorf("indexer: rebuild %s: finished an interrupted earlier rebuild into %s, which was already swapped; it was started with other mappings, settings or source, so these were NOT applied: run the command again to rebuild with them (drop the old index %s first if it is kept)", o.Index, cur.New, cur.Old)
+	}
 	return rep, nil
 }
 
@@ -351,6 +361,9 @@ func (r *rebuilder) begin(ctx context.Context, old, hash string) (*rebuildRow, e
 // and settings where none were given. Already existing (a killed run made
 // it) is fine: the row says it is ours.
 func (r *rebuilder) createIndex(ctx context.Context) error {
+	if err := r.st.check(ctx); err != nil {
+		return err
+	}
 	body, err := newIndexBody(ctx, r.o.ES, r.cur.Old, r.o.Mappings, r.o.Settings)
 	if err != nil {
 		return err
@@ -474,6 +487,9 @@ func (r *rebuilder) copySource(ctx context.Context, w *copyWriter, tombstones in
 // and advances the checkpoints to those read before the refresh: every
 // write up to them is then visible and copied.
 func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
+	if err := r.st.check(ctx); err != nil {
+		return 0, err
+	}
 	next, err := shardCheckpoints(ctx, r.o.ES, r.cur.Old)
 	if err != nil {
 		return 0, err
@@ -549,6 +565,9 @@ func (r *rebuilder) swap(ctx context.Context) error {
 		actions = append(actions, `{"add":{"index":`+string(newJ)+`,"alias":`+string(aj)+`,`+a[1]+`}}`)
 	}
 	body := `{"actions":[` + strings.Join(actions, ",") + `]}`
+	if err := r.st.check(ctx); err != nil {
+		return err
+	}
 	if _, err := indexer.Perform(ctx, r.o.ES, "swap aliases of "+name, esapi.IndicesUpdateAliasesRequest{Body: strings.NewReader(body)}); err != nil {
 		return err
 	}
@@ -587,6 +606,9 @@ func AbortRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es
 	} else if behind == cur.New {
 		_ = st.setPhase(ctx, PhaseSwapped)
 		return "", fmt.Errorf("indexer: rebuild %s: already swapped to %s; run the rebuild again to finish it", name, cur.New)
+	}
+	if err := st.check(ctx); err != nil {
+		return "", err
 	}
 	if err := deleteUnaliased(ctx, es, name, cur.New); err != nil {
 		return "", err
@@ -652,6 +674,9 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 	// before the swap) are copied before it goes.
 	r := &rebuilder{o: RebuildOptions{ES: es, Batch: 1000, Workers: 2, OutageTimeout: time.Minute, Logger: slog.New(slog.DiscardHandler)}, st: st, cur: cur}
 	if _, err := r.catchUp(ctx); err != nil {
+		return nil, err
+	}
+	if err := st.check(ctx); err != nil {
 		return nil, err
 	}
 	if err := deleteUnaliased(ctx, es, st.index, cur.Old); err != nil {

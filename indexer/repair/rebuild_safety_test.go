@@ -7,6 +7,7 @@ import (
 	"github.com/outboxd/outboxd/outbox"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -150,5 +151,114 @@ func TestRebuildNeverDeletesLiveIndex(t *testing.T) {
 	}
 	if ok, _ := indexExists(ctx, e.es, first); ok {
 		t.Fatalf("bootstrap created an empty %s beside %s", first, second)
+	}
+}
+
+// onLog is a log handler that runs f (once) when a run logs msg.
+type onLog struct {
+	msg  string
+	once *sync.Once
+	f    func()
+}
+
+func (h onLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h onLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h onLog) WithGroup(string) slog.Handler            { return h }
+func (h onLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(h.f)
+	}
+	return nil
+}
+
+func TestRebuildThatLostItsLockStops(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setupRebuild(t, 200)
+	key := e.schema + "." + e.name
+	var second *RebuildReport
+	var secondErr error
+	o := e.rebuildOpts()
+	o.Batch = 50
+	// After the first catch-up round of run A, its lock's session is
+	// terminated and run B does the whole rebuild; then A goes on.
+	o.Logger = slog.New(onLog{msg: "rebuild caught up", once: new(sync.Once), f: func() {
+		// The pid first, then only that one session is terminated.
+		var pids []int32
+		rows, err := e.pool.Query(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND granted
+			AND classid::bigint = hashtext('outboxd.rebuild')::bigint & 4294967295 AND objid::bigint = hashtext($1)::bigint & 4294967295`, key)
+		if err == nil {
+			for rows.Next() {
+				var pid int32
+				if rows.Scan(&pid) == nil {
+					pids = append(pids, pid)
+				}
+			}
+			rows.Close()
+		}
+		if err != nil || len(pids) != 1 {
+			t.Errorf("the lock's session: %v, %v", pids, err)
+			return
+		}
+		var ok bool
+		if err := e.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, pids[0]).Scan(&ok); err != nil || !ok {
+			t.Errorf("terminate %d: %t, %v", pids[0], ok, err)
+		}
+		b := e.rebuildOpts()
+		second, secondErr = Rebuild(ctx, b)
+	}})
+	first, err := Rebuild(ctx, o)
+	if secondErr != nil || second == nil || !second.Swapped {
+		t.Fatalf("run B: %+v, %v", second, secondErr)
+	}
+	if !errors.Is(err, ErrLostRebuild) {
+		t.Fatalf("run A after losing its lock: %+v, %v; want ErrLostRebuild", first, err)
+	}
+	if first.Run == second.Run || !strings.Contains(err.Error(), first.Run) {
+		t.Errorf("run ids: A %q, B %q; A's error %v should name A", first.Run, second.Run, err)
+	}
+	var phase, run string
+	var finished bool
+	if err := e.pool.QueryRow(ctx, `SELECT phase, run_id, finished_at IS NOT NULL FROM "`+e.schema+`".rebuilds`).Scan(&phase, &run, &finished); err != nil {
+		t.Fatal(err)
+	}
+	if phase != PhaseDone || !finished || run != second.Run {
+		t.Fatalf("the row after both runs: phase %s, finished %t, run %s; want done, finished, by B %s", phase, finished, run, second.Run)
+	}
+	if got := aliasTarget(t, e.es, e.name); got != second.NewIndex {
+		t.Fatalf("%s points at %s, want %s", e.name, got, second.NewIndex)
+	}
+	if docs := searchRead(t, e.es, e.name); len(docs) != 200 {
+		t.Fatalf("%d documents visible", len(docs))
+	}
+}
+
+func TestRebuildWithOtherSettingsDoesNotSilentlyFinishTheOldOne(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setupRebuild(t, 10)
+	if _, err := Rebuild(ctx, e.rebuildOpts()); err != nil {
+		t.Fatal(err)
+	}
+	// Killed after the swap, before storing it.
+	if _, err := e.pool.Exec(ctx, `UPDATE "`+e.schema+`".rebuilds SET phase = 'catching_up', swapped_at = NULL, finished_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	o := e.rebuildOpts()
+	o.Mappings = nil
+	o.Settings = []byte(`{"index":{"refresh_interval":"3s"}}`)
+	rep, err := Rebuild(ctx, o)
+	if err == nil || !strings.Contains(err.Error(), "NOT applied") {
+		t.Fatalf("rebuild --settings over an unfinished rebuild: %+v, %v; want an error saying the settings were not applied", rep, err)
+	}
+	if p, _ := e.phase(t); p != PhaseDone {
+		t.Fatalf("phase of the earlier rebuild: %s", p)
+	}
+	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Rebuild(ctx, o)
+	if err != nil || !rep.Swapped || !strings.Contains(settingsOf(t, e, rep.NewIndex), `"index.refresh_interval":"3s"`) {
+		t.Fatalf("the rebuild run again: %+v, %v", rep, err)
 	}
 }
