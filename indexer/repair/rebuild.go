@@ -243,6 +243,14 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		case <-ctx.Done():
 			return rep, ctx.Err()
 		}
+		// Writes resolved to the old index before the swap may still be
+		// applied to it after any wait; blocking its writes settles that:
+		// the block waits for the writes in flight, later ones fail and
+		// are retried by the relay through N-write (the new index), and
+		// the catch-up after it copies everything the old index took.
+		if err := r.blockWrites(ctx); err != nil {
+			return rep, err
+		}
 		n, err := r.catchUp(ctx)
 		rep.CaughtUp += n
 		if err != nil {
@@ -576,6 +584,18 @@ func (r *rebuilder) swap(ctx context.Context) error {
 		return err
 	}
 	r.o.Logger.Info("rebuild swapped", "index", name, "old_index", r.cur.Old, "new_index", r.cur.New)
+	return nil
+}
+
+// blockWrites makes the old index read-only for writes (index.blocks.write)
+// once the names have left it.
+func (r *rebuilder) blockWrites(ctx context.Context) error {
+	if err := r.st.check(ctx); err != nil {
+		return err
+	}
+	if _, err := indexer.Perform(ctx, r.o.ES, "block writes to "+r.cur.Old, esapi.IndicesAddBlockRequest{Index: []string{r.cur.Old}, Block: "write"}); err != nil {
+		return fmt.Errorf("indexer: rebuild %s: block writes to the old index %s after the swap: %w", r.o.Index, r.cur.Old, err)
+	}
 	return nil
 }
 
