@@ -116,3 +116,25 @@ func (h multiOnLog) Handle(_ context.Context, r slog.Record) error {
 	}
 	return nil
 }
+
+// TestScanKeepsPointInTimeWhileSinkWaits: a page whose documents wait on
+// the sink far longer than the point in time's keep_alive (past the
+// node's once-a-minute reaper of expired contexts) does not lose the scan.
+func TestScanKeepsPointInTimeWhileSinkWaits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits 70s past a point in time's keep_alive")
+	}
+	t.Parallel()
+	e := setupRebuild(t, 20)
+	seen := 0
+	err := Scan(context.Background(), e.es, ScanOptions{Indices: []string{indexer.FirstIndex(e.name)}, PageSize: 5, KeepAlive: time.Second}, func(ScanHit) error {
+		seen++
+		if seen == 1 {
+			time.Sleep(70 * time.Second) // a sink under backpressure
+		}
+		return nil
+	})
+	if err != nil || seen != 20 {
+		t.Fatalf("scan: %d documents, %v", seen, err)
+	}
+}
