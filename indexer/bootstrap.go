@@ -112,22 +112,28 @@ func checkName(name string) error {
 // when one of the names is a concrete index or the aliases are shaped
 // differently.
 func Bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec []byte) error {
+	_, err := bootstrap(ctx, es, name, spec)
+	return err
+}
+
+// bootstrap is Bootstrap; created says it created name-000001.
+func bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec []byte) (created bool, err error) {
 	if err := checkName(name); err != nil {
-		return err
+		return false, err
 	}
 	body, err := indexBody(spec)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// Each round either finds everything in place or makes one change and
 	// looks again; concurrent bootstraps converge within a few rounds.
 	for range 5 {
-		done, err := bootstrapStep(ctx, es, name, body)
+		done, err := bootstrapStep(ctx, es, name, body, &created)
 		if err != nil || done {
-			return err
+			return created, err
 		}
 	}
-	return fmt.Errorf("indexer: bootstrap %q: the indices kept changing during bootstrap; try again", name)
+	return created, fmt.Errorf("indexer: bootstrap %q: the indices kept changing during bootstrap; try again", name)
 }
 
 type resolved struct {
@@ -171,7 +177,7 @@ func (r *resolved) dataStream(n string) bool {
 	return false
 }
 
-func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, body []byte) (done bool, err error) {
+func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, body []byte, created *bool) (done bool, err error) {
 	write, read, first := WriteAlias(name), ReadAlias(name), FirstIndex(name)
 	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
 		Name:              []string{name, write, read, first},
@@ -219,6 +225,15 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 		}
 	}
 	if r.alias(write) == nil && r.alias(name) == nil && !r.index(first) {
+		// A later concrete index of name means its layout was there and
+		// its aliases are gone: an empty name-000001 would hide its
+		// documents and take the writes meant for them.
+		if later, err := laterIndices(ctx, es, name); err != nil {
+			return false, err
+		} else if len(later) > 0 {
+			return false, &LayoutLostError{Index: name, Reason: fmt.Sprintf("%s exists but %s, %s and %s point at no index; outboxd will not create an empty %s beside it: point the aliases at the index that holds the documents (outboxd migrate-index --index %s after adding %s to it) or delete it",
+				strings.Join(later, ", "), name, write, read, first, name, write)}
+		}
 		create := append(append(body[:len(body)-1:len(body)-1], `,"aliases":{`...), aliasesJSON(name)...)
 		create = append(create, "}}"...)
 		_, err = perform(ctx, es, "create index "+first, esapi.IndicesCreateRequest{Index: first, Body: bytes.NewReader(create)})
@@ -226,9 +241,35 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 		if errors.As(err, &re) && re.Type == "resource_already_exists_exception" {
 			return false, nil // another process won the race; look again
 		}
+		*created = err == nil
 		return false, err
 	}
 	return checkAliases(ctx, es, name, index, r.alias(write) != nil)
+}
+
+// laterIndices lists the concrete indices name-NNNNNN other than
+// name-000001 (the ones rebuilds make).
+func laterIndices(ctx context.Context, es *elasticsearch.Client, name string) ([]string, error) {
+	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
+		Name:              []string{name + "-*"},
+		ExpandWildcards:   "all",
+		IgnoreUnavailable: &ptrTrue,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var r resolved
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("indexer: resolve index: %w", err)
+	}
+	var out []string
+	for _, i := range r.Indices {
+		suffix, _ := strings.CutPrefix(i.Name, name+"-")
+		if len(suffix) == 6 && strings.Trim(suffix, "0123456789") == "" && i.Name != FirstIndex(name) {
+			out = append(out, i.Name)
+		}
+	}
+	return out, nil
 }
 
 // foreignTarget refuses alias (one of name's) pointing at index other
@@ -377,10 +418,19 @@ func (s *Sink) ensure(ctx context.Context, name string) error {
 	if e.ok.Load() {
 		return nil
 	}
-	if err := Bootstrap(ctx, s.es, name, s.spec); err != nil {
+	created, err := bootstrap(ctx, s.es, name, s.spec)
+	if err != nil {
 		s.logger.Warn("indexer: bootstrap failed", slog.String("index", name), slog.String("error", err.Error()))
 		return err
 	}
+	switch {
+	case created && e.wasOK:
+		s.logger.Warn("indexer: re-created the layout of an index that had vanished: "+FirstIndex(name)+" is new and empty; if its documents are in another index, point the aliases back at it",
+			slog.String("index", name), slog.String("concrete_index", FirstIndex(name)))
+	case created:
+		s.logger.Info("indexer: created index", slog.String("index", name), slog.String("concrete_index", FirstIndex(name)))
+	}
+	e.wasOK = true
 	e.ok.Store(true)
 	return nil
 }
@@ -427,7 +477,8 @@ func MigrateLayout(ctx context.Context, es *elasticsearch.Client, name string) (
 		return false, err
 	}
 	for range 5 {
-		done, err := bootstrapStep(ctx, es, name, body)
+		var created bool
+		done, err := bootstrapStep(ctx, es, name, body, &created)
 		if err != nil || done {
 			return changed, err
 		}
@@ -444,4 +495,27 @@ func CheckName(name string) error { return checkName(name) }
 // which resolve the name an operator gives to the index behind it.
 func WriteTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
 	return writeTarget(ctx, es, name)
+}
+
+// LayoutExists reports whether anything of name's layout is there (N,
+// N-write or N-000001): a tool that would otherwise create the index with
+// a spec it was not given can refuse instead.
+func LayoutExists(ctx context.Context, es *elasticsearch.Client, name string) (bool, error) {
+	if err := checkName(name); err != nil {
+		return false, err
+	}
+	write, first := WriteAlias(name), FirstIndex(name)
+	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
+		Name:              []string{name, write, first},
+		ExpandWildcards:   "all",
+		IgnoreUnavailable: &ptrTrue,
+	})
+	if err != nil {
+		return false, err
+	}
+	var r resolved
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return false, fmt.Errorf("indexer: resolve index: %w", err)
+	}
+	return r.alias(name) != nil || r.alias(write) != nil || r.index(first) || r.index(name), nil
 }

@@ -174,7 +174,11 @@ func classify(it *BulkItem) (itemClass, string) {
 	case it.Status == 404 && it.Error != nil && it.Error.Type == "index_not_found_exception":
 		// require_alias: the write alias vanished after bootstrap.
 		return classMissingAlias, "write alias missing: " + it.Error.String()
-	case it.Status == 429 || it.Status >= 500 || it.Status == 408:
+	case it.Status == 429 || it.Status >= 500 || it.Status == 408,
+		// A write block on the index behind the write alias: a rebuild
+		// has just moved the alias away from it, and a retry resolves the
+		// alias again.
+		it.Status == 403 && it.Error != nil && it.Error.Type == "cluster_block_exception":
 		return classRetry, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
 	}
 	return classRejected, "HTTP " + strconv.Itoa(it.Status) + ": " + it.Error.String()
@@ -189,6 +193,9 @@ func outcomeOf(c itemClass, reason string) outbox.Outcome {
 		return outbox.Outcome{Status: outbox.Stale}
 	case classRejected:
 		return outbox.Outcome{Status: outbox.Rejected, Reason: reason}
+	case classMissingAlias:
+		// The index's fault, not the event's: wait, charging no attempt.
+		return outbox.Outcome{Status: outbox.Retry, Reason: reason, Outage: true}
 	}
 	return outbox.Outcome{Status: outbox.Retry, Reason: reason}
 }

@@ -25,6 +25,19 @@ func IsIncompatible(err error) bool {
 	return errors.As(err, &e)
 }
 
+// LayoutLostError says name's aliases are gone while a concrete index of
+// it that a rebuild made is still there: creating a new first index would
+// hide its documents. No event is at fault; the sink pauses with this
+// reason until an operator puts the aliases back.
+type LayoutLostError struct {
+	Index  string
+	Reason string
+}
+
+func (e *LayoutLostError) Error() string {
+	return fmt.Sprintf("indexer: index %q lost its aliases: %s (nothing was changed)", e.Index, e.Reason)
+}
+
 // ResponseError is an error answer of Elasticsearch to a whole request.
 type ResponseError struct {
 	Op     string // what outboxd was doing, e.g. "create index"

@@ -57,6 +57,9 @@ type Sink struct {
 type bootEntry struct {
 	lock chan struct{} // one bootstrap at a time; a channel, so waiting for it honours ctx
 	ok   atomic.Bool
+	// wasOK: bootstrapped before in this process, so creating the index
+	// now re-creates a layout that vanished (guarded by lock).
+	wasOK bool
 }
 
 // NewSink checks o and returns a Sink. It does not contact Elasticsearch:
@@ -196,6 +199,8 @@ func (s *Sink) write(ctx context.Context, events []outbox.Event, validJSON bool)
 		pending = again
 	}
 	for name := range w.missing {
+		s.logger.Warn("indexer: the write alias of an index is missing; its events wait while it is bootstrapped again",
+			slog.String("index", name), slog.String("alias", WriteAlias(name)))
 		s.forget(name)
 	}
 	if err := ctx.Err(); err != nil {
@@ -243,7 +248,16 @@ func (s *Sink) admit(ctx context.Context, w *write) []int {
 func bootstrapOutcome(w *write, err error) outbox.Outcome {
 	var re *ResponseError
 	var ne *NameError
+	var lost *LayoutLostError
 	switch {
+	case errors.As(err, &lost):
+		// Every event of the index shares it: pause until the aliases are
+		// back, dead-lettering nothing.
+		w.answered()
+		w.mu.Lock()
+		w.refused = err
+		w.mu.Unlock()
+		return outbox.Outcome{Status: outbox.Retry, Reason: err.Error(), Outage: true}
 	case IsIncompatible(err), errors.As(err, &ne):
 		w.answered()
 		return outbox.Outcome{Status: outbox.Rejected, Reason: err.Error()}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/elastic/go-elasticsearch/v8"
+
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/indexer/repair"
 )
@@ -31,6 +33,7 @@ func runBackfill(ctx context.Context, args []string) error {
 	workers := fs.Int("bulk-workers", 4, "bulk requests at once per batch")
 	sourceTimeout := fs.Duration("source-timeout", 10*time.Minute, "statement timeout of each cursor fetch")
 	outage := fs.Duration("outage-timeout", 5*time.Minute, "give up (resumable) after Elasticsearch was unreachable this long")
+	indexSpec := fs.String("index-spec", "", "JSON file with {\"settings\":...,\"mappings\":...} if N must be created (give the relay's --index-spec); without it a missing N is refused")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: outboxd backfill --index N --source-sql "SELECT id, version, row_to_json(t) FROM t" [flags]
@@ -77,7 +80,11 @@ Flags:
 		return err
 	}
 	defer pool.Close()
-	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers})
+	spec, err := backfillIndexSpec(ctx, client, *indexSpec, *index, len(esCfg.Addresses))
+	if err != nil {
+		return err
+	}
+	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec})
 	if err != nil {
 		return err
 	}
@@ -108,4 +115,28 @@ Flags:
 		return &exitError{code: 3, err: fmt.Errorf("%d rows rejected", rep.Rejected)}
 	}
 	return nil
+}
+
+// backfillIndexSpec reads --index-spec, checked as the relay checks its
+// own. Without it a missing index is refused: created with the built-in
+// single-node spec, it would never get the relay's settings and mappings.
+func backfillIndexSpec(ctx context.Context, client *elasticsearch.Client, path, index string, nodes int) ([]byte, error) {
+	if path == "" {
+		exists, err := indexer.LayoutExists(ctx, client, index)
+		if err != nil {
+			return nil, err
+		}
+		if !exists {
+			return nil, fmt.Errorf("index-spec: index %s does not exist and backfill would create it; give --index-spec FILE (the relay's --index-spec) so it is created with your settings and mappings, or start the relay first", index)
+		}
+		return nil, nil
+	}
+	spec, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("index-spec: %w", err)
+	}
+	if err := checkIndexSpec(ctx, client, spec, nodes); err != nil {
+		return nil, fmt.Errorf("index-spec %s: %w", path, err)
+	}
+	return spec, nil
 }

@@ -135,8 +135,8 @@ Flags:
 		for _, d := range rep.DroppedOld {
 			fmt.Printf("dropped %s (its keep time had passed)\n", d)
 		}
-		fmt.Printf("index %s: %s -> %s: %d copied, %d caught up in %d rounds, %d rejected, %.1fs; swapped: %t\n",
-			rep.Index, rep.OldIndex, rep.NewIndex, rep.Copied, rep.CaughtUp, rep.Rounds, rep.Rejected, rep.Seconds, rep.Swapped)
+		fmt.Printf("index %s (rebuild run %s): %s -> %s: %d copied, %d caught up in %d rounds, %d rejected, %.1fs; swapped: %t\n",
+			rep.Index, rep.Run, rep.OldIndex, rep.NewIndex, rep.Copied, rep.CaughtUp, rep.Rounds, rep.Rejected, rep.Seconds, rep.Swapped)
 		for _, r := range rep.Samples {
 			fmt.Printf("  rejected %q: %s\n", r.ID, r.Reason)
 		}

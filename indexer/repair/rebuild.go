@@ -73,6 +73,7 @@ type RebuildOptions struct {
 // RebuildReport is what Rebuild did.
 type RebuildReport struct {
 	Index      string           `json:"index"`
+	Run        string           `json:"run"` // this run's id, stored as the row's run_id`
 	OldIndex   string           `json:"old_index"`
 	NewIndex   string           `json:"new_index"`
 	Resumed    string           `json:"resumed_phase,omitempty"`
@@ -126,7 +127,8 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		return nil, err
 	}
 	defer unlock()
-	rep := &RebuildReport{Index: o.Index}
+	rep := &RebuildReport{Index: o.Index, Run: st.run}
+	o.Logger = o.Logger.With("run", st.run)
 	cur, err := st.load(ctx)
 	if err != nil {
 		return nil, err
@@ -136,11 +138,15 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		return nil, err
 	}
 	hash := o.hash()
+	// otherOptions: the unfinished rebuild that is finished first was
+	// started with other mappings, settings or source than these.
+	otherOptions := false
 	if cur != nil {
 		switch cur.Phase {
 		case PhaseCopying, PhaseCatchingUp:
 			if behind == cur.New {
 				// Swapped, but killed before the phase was stored.
+				otherOptions = cur.Hash != hash
 				cur.Phase = PhaseSwapped
 				if err := st.setPhase(ctx, PhaseSwapped); err != nil {
 					return nil, err
@@ -152,6 +158,7 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 			}
 			rep.Resumed = cur.Phase
 		case PhaseSwapped:
+			otherOptions = cur.Hash != hash
 			rep.Resumed = cur.Phase
 		default:
 			dropped, err := dropKeptOld(ctx, o.ES, st, cur, false)
@@ -160,6 +167,15 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 			}
 			rep.DroppedOld = dropped
 			cur = nil
+		}
+	}
+	if o.From == "index" && (cur == nil || cur.Phase == PhaseCopying) {
+		from := behind
+		if cur != nil {
+			from = cur.Old
+		}
+		if err := checkSourceKept(ctx, o.ES, o.Index, from); err != nil {
+			return nil, err
 		}
 	}
 	r := &rebuilder{o: o, st: st}
@@ -205,11 +221,35 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 		}
 		rep.Swapped = true
 	}
-	if cur.Phase == PhaseSwapped {
+	if cur.Phase == PhaseSwapped && !cur.Dropped {
+		// Killed between deleting the old index and storing that.
+		exists, err := indexExists(ctx, o.ES, cur.Old)
+		if err != nil {
+			return rep, err
+		}
+		cur.Dropped = !exists
+	}
+	if cur.Phase == PhaseSwapped && cur.Dropped {
+		// The old index was dropped (after its last catch-up) before this
+		// rebuild was finished: nothing is left to copy.
+		if err := st.finish(ctx, 0); err != nil {
+			return rep, err
+		}
+		rep.Swapped = true
+	}
+	if cur.Phase == PhaseSwapped && !cur.Dropped {
 		select {
 		case <-time.After(o.Grace):
 		case <-ctx.Done():
 			return rep, ctx.Err()
+		}
+		// Writes resolved to the old index before the swap may still be
+		// applied to it after any wait; blocking its writes settles that:
+		// the block waits for the writes in flight, later ones fail and
+		// are retried by the relay through N-write (the new index), and
+		// the catch-up after it copies everything the old index took.
+		if err := r.blockWrites(ctx); err != nil {
+			return rep, err
 		}
 		n, err := r.catchUp(ctx)
 		rep.CaughtUp += n
@@ -225,6 +265,9 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 	rep.Seconds = time.Since(start).Seconds()
 	o.Logger.Info("rebuild finished", "index", o.Index, "old_index", cur.Old, "new_index", cur.New,
 		"copied", rep.Copied, "caught_up", rep.CaughtUp, "rejected", rep.Rejected)
+	if otherOptions {
+		return rep, fmt.Errorf("indexer: rebuild %s: finished an interrupted earlier rebuild into %s, which was already swapped; it was started with other mappings, settings or source, so these were NOT applied: run the command again to rebuild with them (drop the old index %s first if it is kept)", o.Index, cur.New, cur.Old)
+	}
 	return rep, nil
 }
 
@@ -326,6 +369,9 @@ func (r *rebuilder) begin(ctx context.Context, old, hash string) (*rebuildRow, e
 // and settings where none were given. Already existing (a killed run made
 // it) is fine: the row says it is ours.
 func (r *rebuilder) createIndex(ctx context.Context) error {
+	if err := r.st.check(ctx); err != nil {
+		return err
+	}
 	body, err := newIndexBody(ctx, r.o.ES, r.cur.Old, r.o.Mappings, r.o.Settings)
 	if err != nil {
 		return err
@@ -449,6 +495,9 @@ func (r *rebuilder) copySource(ctx context.Context, w *copyWriter, tombstones in
 // and advances the checkpoints to those read before the refresh: every
 // write up to them is then visible and copied.
 func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
+	if err := r.st.check(ctx); err != nil {
+		return 0, err
+	}
 	next, err := shardCheckpoints(ctx, r.o.ES, r.cur.Old)
 	if err != nil {
 		return 0, err
@@ -524,12 +573,30 @@ func (r *rebuilder) swap(ctx context.Context) error {
 		actions = append(actions, `{"add":{"index":`+string(newJ)+`,"alias":`+string(aj)+`,`+a[1]+`}}`)
 	}
 	body := `{"actions":[` + strings.Join(actions, ",") + `]}`
+	if err := r.st.check(ctx); err != nil {
+		return err
+	}
 	if _, err := indexer.Perform(ctx, r.o.ES, "swap aliases of "+name, esapi.IndicesUpdateAliasesRequest{Body: strings.NewReader(body)}); err != nil {
 		return err
 	}
-	r.o.Logger.Info("rebuild swapped", "index", name, "old_index", r.cur.Old, "new_index", r.cur.New)
 	r.cur.Phase = PhaseSwapped
-	return r.st.setPhase(ctx, PhaseSwapped)
+	if err := r.st.setPhase(ctx, PhaseSwapped); err != nil {
+		return err
+	}
+	r.o.Logger.Info("rebuild swapped", "index", name, "old_index", r.cur.Old, "new_index", r.cur.New)
+	return nil
+}
+
+// blockWrites makes the old index read-only for writes (index.blocks.write)
+// once the names have left it.
+func (r *rebuilder) blockWrites(ctx context.Context) error {
+	if err := r.st.check(ctx); err != nil {
+		return err
+	}
+	if _, err := indexer.Perform(ctx, r.o.ES, "block writes to "+r.cur.Old, esapi.IndicesAddBlockRequest{Index: []string{r.cur.Old}, Block: "write"}); err != nil {
+		return fmt.Errorf("indexer: rebuild %s: block writes to the old index %s after the swap: %w", r.o.Index, r.cur.Old, err)
+	}
+	return nil
 }
 
 // AbortRebuild deletes the half-built index of an unfinished rebuild of
@@ -549,6 +616,9 @@ func AbortRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es
 		return "", err
 	}
 	if cur == nil || (cur.Phase != PhaseCopying && cur.Phase != PhaseCatchingUp) {
+		if cur != nil && cur.Phase == PhaseSwapped {
+			return "", fmt.Errorf("indexer: rebuild %s: nothing to abort: %s already reads %s; run the rebuild again (or --drop-old) to finish it", name, name, cur.New)
+		}
 		return "", fmt.Errorf("indexer: rebuild %s: nothing to abort (no unfinished rebuild)", name)
 	}
 	if behind, err := writeIndexOf(ctx, es, name); err != nil {
@@ -557,7 +627,10 @@ func AbortRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es
 		_ = st.setPhase(ctx, PhaseSwapped)
 		return "", fmt.Errorf("indexer: rebuild %s: already swapped to %s; run the rebuild again to finish it", name, cur.New)
 	}
-	if _, err := indexer.Perform(ctx, es, "delete index "+cur.New, esapi.IndicesDeleteRequest{Index: []string{cur.New}}); err != nil && !scanIsStatus(err, 404) {
+	if err := st.check(ctx); err != nil {
+		return "", err
+	}
+	if err := deleteUnaliased(ctx, es, name, cur.New); err != nil {
 		return "", err
 	}
 	return cur.New, st.setPhase(ctx, PhaseAborted)
@@ -599,6 +672,17 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 	if err != nil || !exists {
 		return nil, err
 	}
+	if alias, err := aliasOn(ctx, es, st.index, cur.Old); err != nil {
+		return nil, err
+	} else if alias != "" {
+		// The names were moved back to the old index (an undo of the
+		// rebuild): it is the live index now, never dropped.
+		if force {
+			return nil, fmt.Errorf("indexer: rebuild %s: %s points at %s again (the aliases were moved back to it); outboxd never deletes an index %s, %s or %s points at; nothing dropped",
+				st.index, alias, cur.Old, st.index, indexer.WriteAlias(st.index), indexer.ReadAlias(st.index))
+		}
+		return nil, nil
+	}
 	if !force && (cur.KeepUntil == nil || time.Now().Before(*cur.KeepUntil)) {
 		until := "until outboxd rebuild --drop-old"
 		if cur.KeepUntil != nil {
@@ -612,10 +696,88 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 	if _, err := r.catchUp(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := indexer.Perform(ctx, es, "delete index "+cur.Old, esapi.IndicesDeleteRequest{Index: []string{cur.Old}}); err != nil && !scanIsStatus(err, 404) {
+	if err := st.check(ctx); err != nil {
 		return nil, err
 	}
-	return []string{cur.Old}, st.dropped(ctx)
+	if err := deleteUnaliased(ctx, es, st.index, cur.Old); err != nil {
+		return nil, err
+	}
+	if err := st.dropped(ctx); err != nil {
+		return nil, err
+	}
+	if cur.Phase == PhaseSwapped {
+		// A rebuild killed after its swap: the catch-up above was its
+		// final one, so dropping the old index finishes it.
+		if err := st.finish(ctx, 0); err != nil {
+			return nil, err
+		}
+	}
+	return []string{cur.Old}, nil
+}
+
+// checkSourceKept refuses a copy from index when its _source does not
+// hold every field: the copy would silently lose what it leaves out.
+func checkSourceKept(ctx context.Context, es *elasticsearch.Client, name, index string) error {
+	var got map[string]struct {
+		Mappings struct {
+			Source struct {
+				Enabled  *bool    `json:"enabled"`
+				Includes []string `json:"includes"`
+				Excludes []string `json:"excludes"`
+			} `json:"_source"`
+		} `json:"mappings"`
+	}
+	if err := scanDo(ctx, es, "get mapping of "+index, esapi.IndicesGetMappingRequest{Index: []string{index}}, &got); err != nil {
+		return err
+	}
+	src := got[index].Mappings.Source
+	why := ""
+	switch {
+	case src.Enabled != nil && !*src.Enabled:
+		why = "_source is disabled"
+	case len(src.Excludes) > 0:
+		why = "_source.excludes leaves out " + strings.Join(src.Excludes, ", ")
+	case len(src.Includes) > 0:
+		why = "_source.includes keeps only " + strings.Join(src.Includes, ", ")
+	}
+	if why != "" {
+		return fmt.Errorf("indexer: rebuild %s: from: %s cannot be copied from the index: %s, so those fields would be lost; rebuild from the source table instead (--from source --source-sql ...)", name, index, why)
+	}
+	return nil
+}
+
+// deleteUnaliased deletes index unless one of name's aliases (N, N-write,
+// N-read) points at it, checked right before the delete: every delete of
+// an outboxd tool goes through here, so none removes live data.
+func deleteUnaliased(ctx context.Context, es *elasticsearch.Client, name, index string) error {
+	alias, err := aliasOn(ctx, es, name, index)
+	if err != nil {
+		return err
+	}
+	if alias != "" {
+		return fmt.Errorf("indexer: rebuild %s: refusing to delete %s: %s points at it (outboxd never deletes an index %s, %s or %s points at)",
+			name, index, alias, name, indexer.WriteAlias(name), indexer.ReadAlias(name))
+	}
+	if _, err := indexer.Perform(ctx, es, "delete index "+index, esapi.IndicesDeleteRequest{Index: []string{index}}); err != nil && !scanIsStatus(err, 404) {
+		return err
+	}
+	return nil
+}
+
+// aliasOn returns the first of name's aliases that points at index, or "".
+func aliasOn(ctx context.Context, es *elasticsearch.Client, name, index string) (string, error) {
+	r, err := resolveNames(ctx, es, name, indexer.WriteAlias(name), indexer.ReadAlias(name))
+	if err != nil {
+		return "", err
+	}
+	for _, a := range r.Aliases {
+		for _, t := range a.Indices {
+			if t == index {
+				return a.Name, nil
+			}
+		}
+	}
+	return "", nil
 }
 
 // writeIndexOf returns the concrete index behind name's write alias.
@@ -753,10 +915,10 @@ func newIndexBody(ctx context.Context, es *elasticsearch.Client, old string, map
 		}
 		m = got[old].Mappings
 	}
-	if s == nil {
-		if s, err = copyableSettings(ctx, es, old); err != nil {
-			return nil, err
-		}
+	// Settings not given are the current index's: the shard count,
+	// replicas, analysis and gc_deletes stay unless they are overridden.
+	if s, err = mergedSettings(ctx, es, old, s); err != nil {
+		return nil, err
 	}
 	spec, _ := json.Marshal(map[string]json.RawMessage{"mappings": m, "settings": s})
 	return indexer.IndexBody(spec)
@@ -777,22 +939,64 @@ func unwrapSpec(key string, b []byte) (json.RawMessage, error) {
 	return b, nil
 }
 
-// copyableSettings are the old index's settings without those
-// Elasticsearch sets itself and refuses at creation.
-func copyableSettings(ctx context.Context, es *elasticsearch.Client, old string) (json.RawMessage, error) {
+// mergedSettings are the old index's settings, without those
+// Elasticsearch sets itself and refuses at creation, with given laid over
+// them key by key (a null in given removes the key: its default applies).
+func mergedSettings(ctx context.Context, es *elasticsearch.Client, old string, given json.RawMessage) (json.RawMessage, error) {
 	var got map[string]struct {
-		Settings struct {
-			Index map[string]json.RawMessage `json:"index"`
-		} `json:"settings"`
+		Settings map[string]any `json:"settings"`
 	}
-	if err := scanDo(ctx, es, "get settings of "+old, esapi.IndicesGetSettingsRequest{Index: []string{old}}, &got); err != nil {
+	if err := scanDo(ctx, es, "get settings of "+old, esapi.IndicesGetSettingsRequest{Index: []string{old}, FlatSettings: &ptrTrue}, &got); err != nil {
 		return nil, err
 	}
-	idx := got[old].Settings.Index
-	for _, k := range []string{"uuid", "version", "creation_date", "provided_name", "history_uuid", "resize", "routing", "blocks", "verified_before_close", "shrink"} {
-		delete(idx, k)
+	flat := got[old].Settings
+	for k := range flat {
+		if !copyableSetting(k) {
+			delete(flat, k)
+		}
 	}
-	return json.Marshal(map[string]any{"index": idx})
+	if len(given) > 0 {
+		var user map[string]any
+		if err := json.Unmarshal(given, &user); err != nil || user == nil {
+			return nil, fmt.Errorf("indexer: rebuild: settings: must be a JSON object")
+		}
+		flattenSettings("", user, flat)
+	}
+	return json.Marshal(flat)
+}
+
+// copyableSetting says whether an old index's (flat) setting can be given
+// when creating an index.
+func copyableSetting(key string) bool {
+	for _, k := range []string{"uuid", "version", "creation_date", "provided_name", "history_uuid", "resize", "routing", "blocks", "verified_before_close", "shrink"} {
+		if key == "index."+k || strings.HasPrefix(key, "index."+k+".") {
+			return false
+		}
+	}
+	return true
+}
+
+// flattenSettings writes settings, nested or dotted, as flat keys under
+// "index." into out; null removes a key and everything below it.
+func flattenSettings(prefix string, settings map[string]any, out map[string]any) {
+	for k, v := range settings {
+		key := prefix + k
+		if prefix == "" && key != "index" && !strings.HasPrefix(key, "index.") {
+			key = "index." + key
+		}
+		switch v := v.(type) {
+		case map[string]any:
+			flattenSettings(key+".", v, out)
+		case nil:
+			for have := range out {
+				if have == key || strings.HasPrefix(have, key+".") {
+					delete(out, have)
+				}
+			}
+		default:
+			out[key] = v
+		}
+	}
 }
 
 var ptrTrue = true

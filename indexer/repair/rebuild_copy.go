@@ -38,7 +38,12 @@ func (r *rebuilder) newWriter(ctx context.Context, counted bool) *copyWriter {
 				if w.ctx.Err() != nil {
 					continue
 				}
-				n, err := w.send(docs)
+				// A run that lost its lock writes nothing more.
+				err := w.r.st.check(w.ctx)
+				var n int64
+				if err == nil {
+					n, err = w.send(docs)
+				}
 				if err == nil && w.counted {
 					err = w.r.st.addCopied(w.ctx, n)
 				}

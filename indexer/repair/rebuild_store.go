@@ -2,9 +2,12 @@ package repair
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,7 +34,20 @@ type rebuildStore struct {
 	pool  *pgxpool.Pool
 	table string
 	index string
+	// run names this run of the rebuild; the row's run_id says which run
+	// owns it, and every state write is conditional on it.
+	run string
+	// lock is the session holding the advisory lock; state writes and
+	// ownership checks go through it, so a run whose session was ended
+	// fails there before it changes anything more.
+	mu   sync.Mutex
+	lock *pgxpool.Conn
 }
+
+// ErrLostRebuild is returned by a run that no longer owns its rebuild: its
+// lock's session ended or another run took the rebuild over. It stopped
+// before its next state write or Elasticsearch change; run it again.
+var ErrLostRebuild = errors.New("this run lost its rebuild lock")
 
 // lockRebuild takes the session advisory lock of name's rebuild on a
 // dedicated connection: one rebuild, abort or drop of a name at a time. A
@@ -67,7 +83,52 @@ func lockRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName, name strin
 		}
 		conn.Release()
 	}
-	return &rebuildStore{pool: pool, table: id + ".rebuilds", index: name}, unlock, nil
+	var run [6]byte
+	_, _ = rand.Read(run[:])
+	return &rebuildStore{pool: pool, table: id + ".rebuilds", index: name, run: hex.EncodeToString(run[:]), lock: conn}, unlock, nil
+}
+
+// onLock runs f on the lock's session. A cancelled ctx stops it before it
+// starts, never midway: pgx closes a connection whose query is cancelled,
+// and the lock would then stay held until the server noticed.
+func (s *rebuildStore) onLock(ctx context.Context, f func(ctx context.Context, conn *pgxpool.Conn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return f(qctx, s.lock)
+}
+
+// lost wraps a failure of the lock's session, or a row owned by another
+// run, as ErrLostRebuild.
+func (s *rebuildStore) lost(err error) error {
+	if err == nil {
+		return fmt.Errorf("indexer: rebuild %s: run %s: %w (another run took the rebuild over); stopped", s.index, s.run, ErrLostRebuild)
+	}
+	return fmt.Errorf("indexer: rebuild %s: run %s: %w (its session is gone: %v); stopped", s.index, s.run, ErrLostRebuild, err)
+}
+
+// check fails with ErrLostRebuild unless this run still holds the lock and
+// owns the row: called before every Elasticsearch change.
+func (s *rebuildStore) check(ctx context.Context) error {
+	var owner *string
+	err := s.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
+		return conn.QueryRow(ctx, `SELECT run_id FROM `+s.table+` WHERE index_name = $1`, s.index).Scan(&owner)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil // nothing stored yet: the lock alone decides
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		return s.lost(err)
+	case owner == nil || *owner != s.run:
+		return s.lost(nil)
+	}
+	return nil
 }
 
 func (s *rebuildStore) load(ctx context.Context) (*rebuildRow, error) {
@@ -76,8 +137,12 @@ func (s *rebuildStore) load(ctx context.Context) (*rebuildRow, error) {
 		cps     []byte
 		samples []byte
 	)
-	err := s.pool.QueryRow(ctx, `SELECT old_index, new_index, phase, options_hash, checkpoints, copied, rejected, rejected_samples, keep_until, old_dropped_at IS NOT NULL
-FROM `+s.table+` WHERE index_name = $1`, s.index).Scan(&r.Old, &r.New, &r.Phase, &r.Hash, &cps, &r.Copied, &r.Rejected, &samples, &r.KeepUntil, &r.Dropped)
+	// Loading takes the row over for this run: the lock is held, so the
+	// run that owned it before has lost its session.
+	err := s.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
+		return conn.QueryRow(ctx, `UPDATE `+s.table+` SET run_id = $2 WHERE index_name = $1
+RETURNING old_index, new_index, phase, options_hash, checkpoints, copied, rejected, rejected_samples, keep_until, old_dropped_at IS NOT NULL`, s.index, s.run).Scan(&r.Old, &r.New, &r.Phase, &r.Hash, &cps, &r.Copied, &r.Rejected, &samples, &r.KeepUntil, &r.Dropped)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -94,18 +159,45 @@ FROM `+s.table+` WHERE index_name = $1`, s.index).Scan(&r.Old, &r.New, &r.Phase,
 // begin replaces the row of a finished or aborted rebuild with a new one.
 func (s *rebuildStore) begin(ctx context.Context, r *rebuildRow) error {
 	cps, _ := json.Marshal(r.Checkpoints)
-	_, err := s.pool.Exec(ctx, `INSERT INTO `+s.table+` (index_name, old_index, new_index, phase, options_hash, checkpoints)
-VALUES ($1, $2, $3, $4, $5, $6)
+	var tag pgconn.CommandTag
+	err := s.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) (err error) {
+		tag, err = conn.Exec(ctx, `INSERT INTO `+s.table+` (index_name, old_index, new_index, phase, options_hash, checkpoints, run_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (index_name) DO UPDATE SET old_index = EXCLUDED.old_index, new_index = EXCLUDED.new_index, phase = EXCLUDED.phase,
 	options_hash = EXCLUDED.options_hash, checkpoints = EXCLUDED.checkpoints, copied = 0, total = 0, rejected = 0,
-	rejected_samples = '[]', keep_until = NULL, started_at = now(), updated_at = now(), swapped_at = NULL, finished_at = NULL, old_dropped_at = NULL`,
-		s.index, r.Old, r.New, r.Phase, r.Hash, cps)
-	return s.wrap(err)
+	rejected_samples = '[]', keep_until = NULL, started_at = now(), updated_at = now(), swapped_at = NULL, finished_at = NULL, old_dropped_at = NULL,
+	run_id = EXCLUDED.run_id
+WHERE `+s.table+`.run_id IS NOT DISTINCT FROM $7`,
+			s.index, r.Old, r.New, r.Phase, r.Hash, cps, s.run)
+		return err
+	})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return s.wrap(err)
+	case err != nil:
+		return s.lost(err)
+	case tag.RowsAffected() == 0:
+		return s.lost(nil)
+	}
+	return nil
 }
 
+// exec updates the row if this run owns it, on the lock's session.
 func (s *rebuildStore) exec(ctx context.Context, set string, args ...any) error {
-	_, err := s.pool.Exec(ctx, `UPDATE `+s.table+` SET `+set+`, updated_at = now() WHERE index_name = $1`, append([]any{s.index}, args...)...)
-	return s.wrap(err)
+	var tag pgconn.CommandTag
+	err := s.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) (err error) {
+		tag, err = conn.Exec(ctx, `UPDATE `+s.table+` SET `+set+`, updated_at = now() WHERE index_name = $1 AND run_id = $2`, append([]any{s.index, s.run}, args...)...)
+		return err
+	})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return s.wrap(err)
+	case err != nil:
+		return s.lost(err)
+	case tag.RowsAffected() == 0:
+		return s.lost(nil)
+	}
+	return nil
 }
 
 func (s *rebuildStore) resetCopy(ctx context.Context) error {
@@ -113,29 +205,29 @@ func (s *rebuildStore) resetCopy(ctx context.Context) error {
 }
 
 func (s *rebuildStore) setTotal(ctx context.Context, n int64) error {
-	return s.exec(ctx, `total = $2`, n)
+	return s.exec(ctx, `total = $3`, n)
 }
 
 func (s *rebuildStore) addCopied(ctx context.Context, n int64) error {
-	return s.exec(ctx, `copied = copied + $2`, n)
+	return s.exec(ctx, `copied = copied + $3`, n)
 }
 
 // addRejected counts a refused document and keeps the first 20 as samples.
 func (s *rebuildStore) addRejected(ctx context.Context, id, reason string) error {
 	sample, _ := json.Marshal([]BackfillReject{{ID: id, Reason: reason}})
 	return s.exec(ctx, `rejected = rejected + 1,
-	rejected_samples = CASE WHEN jsonb_array_length(rejected_samples) < 20 THEN rejected_samples || $2::jsonb ELSE rejected_samples END`, sample)
+	rejected_samples = CASE WHEN jsonb_array_length(rejected_samples) < 20 THEN rejected_samples || $3::jsonb ELSE rejected_samples END`, sample)
 }
 
 func (s *rebuildStore) setCheckpoints(ctx context.Context, cps map[string]int64) error {
 	b, _ := json.Marshal(cps)
-	return s.exec(ctx, `checkpoints = $2`, b)
+	return s.exec(ctx, `checkpoints = $3`, b)
 }
 
 func (s *rebuildStore) setPhase(ctx context.Context, phase string) error {
 	// The swap may have happened in a run that was killed before storing
 	// it; swapped_at then records when it was noticed.
-	return s.exec(ctx, `phase = $2, swapped_at = CASE WHEN $2 = 'swapped' THEN coalesce(swapped_at, now()) ELSE swapped_at END`, phase)
+	return s.exec(ctx, `phase = $3, swapped_at = CASE WHEN $3 = 'swapped' THEN coalesce(swapped_at, now()) ELSE swapped_at END`, phase)
 }
 
 func (s *rebuildStore) finish(ctx context.Context, keep time.Duration) error {
@@ -144,7 +236,7 @@ func (s *rebuildStore) finish(ctx context.Context, keep time.Duration) error {
 		t := time.Now().Add(keep)
 		until = &t
 	}
-	return s.exec(ctx, `phase = 'done', finished_at = now(), keep_until = $2`, until)
+	return s.exec(ctx, `phase = 'done', finished_at = now(), keep_until = $3`, until)
 }
 
 func (s *rebuildStore) dropped(ctx context.Context) error {

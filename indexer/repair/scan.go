@@ -139,17 +139,25 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 			} `json:"hits"`
 		}
 		if err := scanDo(ctx, es, op, esapi.SearchRequest{Body: bytes.NewReader(body)}, &page); err != nil {
+			if scanIsStatus(err, 404) && strings.Contains(err.Error(), "search_phase_execution_exception") {
+				return fmt.Errorf("indexer: %s: the point in time expired (it is kept alive %s past each page and while one waits on the sink); run again: %w", op, keepStr, err)
+			}
 			return err
 		}
 		if page.PitID != "" {
 			pit = page.PitID
 		}
 		hits := page.Hits.Hits
+		// fn may wait on a slow sink for longer than keep_alive: keep the
+		// point in time alive meanwhile, or the next page finds it gone.
+		stopKeeping := keepAlive(ctx, es, op, pit, keep, keepStr)
 		for i := range hits {
 			if err := fn(hits[i].ScanHit); err != nil {
+				stopKeeping()
 				return err
 			}
 		}
+		stopKeeping()
 		opts.Progress.Add(int64(len(hits)))
 		if len(hits) < size {
 			return nil
@@ -210,6 +218,34 @@ func scanScroll(ctx context.Context, es *elasticsearch.Client, op string, opts S
 		err = scanDo(ctx, es, op+": next page", esapi.ScrollRequest{ScrollID: id, Scroll: keep}, &page)
 	}
 	return err
+}
+
+// keepAlive extends the point in time pit every third of keep, with an
+// empty search on it, until the returned stop is called.
+func keepAlive(ctx context.Context, es *elasticsearch.Client, op, pit string, keep time.Duration, keepStr string) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(keep / 3)
+		defer t.Stop()
+		body, _ := json.Marshal(map[string]any{"size": 0, "track_total_hits": false, "pit": map[string]string{"id": pit, "keep_alive": keepStr}})
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				// A failure here shows on the next page's search.
+				_ = scanDo(ctx, es, op+": keep the point in time alive", esapi.SearchRequest{Body: bytes.NewReader(body)}, nil)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
 }
 
 // scanCount returns how many documents the indices hold (tombstones
