@@ -25,7 +25,11 @@ const DefaultLedgerRetention = 30 * 24 * time.Hour
 // outbox's retention (a stream registered anew, after `outboxd streams
 // drop` or a new destination, reads every retained event), and
 // `deliveries resolve --retry`, which needs the row. outboxd relay refuses
-// a --ledger-retention shorter than its --retention.
+// a --ledger-retention shorter than its --retention. Whatever the window,
+// a row is kept while the outbox still holds its message or one of its
+// duplicates: a stream lagging behind keeps events past --retention, and a
+// stream registered anew would read such an event again and, without the
+// row, send it a second time.
 func PurgeLedger(ctx context.Context, pool *pgxpool.Pool, schemaName string, olderThan time.Duration, batchSize int) (int64, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
@@ -42,6 +46,7 @@ func PurgeLedger(ctx context.Context, pool *pgxpool.Pool, schemaName string, old
 		tag, err := pool.Exec(ctx, `DELETE FROM `+id+`.deliveries WHERE ctid = ANY(ARRAY(
 			SELECT ctid FROM `+id+`.deliveries
 			WHERE state IN ('delivered', 'failed', 'skipped') AND finished_at < now() - make_interval(secs => $1)
+			  AND NOT EXISTS (SELECT 1 FROM `+id+`.events e WHERE e.id = ANY(event_id || duplicates))
 			LIMIT $2))`, olderThan.Seconds(), batchSize)
 		if err != nil {
 			return total, fmt.Errorf("webhook: purge ledger: %w", err)

@@ -16,8 +16,9 @@ import (
 // and makes sure each one has a ledger row however the relays are
 // configured: a message whose destination no live relay serves is
 // recorded as waiting, never failed and never sent here; the
-// destination's own sink takes it over once a relay serves it. Messages
-// of served destinations pass through: their own streams record them.
+// destination's own sink takes it over once a relay serves it. A message
+// of a served destination is recorded as waiting too, unless its own
+// stream got there first, so that no message is ever without a row.
 // Its filter thus never changes when destinations are added or removed.
 type UnroutedSink struct {
 	ledger     ledger
@@ -72,16 +73,21 @@ func (u *UnroutedSink) Write(ctx context.Context, events []outbox.Event) ([]outb
 			outs[i] = outbox.Outcome{Status: outbox.Rejected, Reason: fmt.Sprintf("index %q is not a message: check the stream's index filter", e.IndexName)}
 			continue
 		}
+		// A served destination's message is recorded too: its stream may
+		// not have read it yet, and a stream dropped or a destination
+		// removed before it does would otherwise leave the message with
+		// no trace once retention deletes it. The destination's sink takes
+		// a waiting row over when it reads the message; a row it already
+		// has is left as it is.
+		reason := fmt.Sprintf("no live relay serves destination %q (--destination %s=URL,...): waiting for one", dest, dest)
 		if served[dest] {
-			outs[i] = passThrough
-			continue
+			reason = fmt.Sprintf("waiting for destination %q's stream to read it", dest)
 		}
-		ent, err := u.ledger.reserve(ctx, dest, e.SourceID, e.ID, e.Document, StateWaiting,
-			fmt.Sprintf("no live relay serves destination %q (--destination %s=URL,...): waiting for one", dest, dest))
+		ent, err := u.ledger.reserve(ctx, dest, e.SourceID, e.ID, e.Document, StateWaiting, reason)
 		if err != nil {
 			return nil, err
 		}
-		if ent.eventID == e.ID && ent.state == StateWaiting {
+		if !served[dest] && ent.eventID == e.ID && ent.state == StateWaiting {
 			u.metrics.count(dest, StateWaiting)
 		}
 		// Recorded (as waiting, as a duplicate, or already by its own
