@@ -10,8 +10,8 @@ import (
 
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
-	"github.com/outboxd/outboxd/webhook"
 	"github.com/outboxd/outboxd/schema/schematest"
+	"github.com/outboxd/outboxd/webhook"
 )
 
 // Relay A serves d (advertised, webhook-d registered) but has not read M
