@@ -97,6 +97,21 @@ const (
 // unknown (resolved failed since, or retried and failed again) comes back
 // with a Warning: the receiver may already have applied it.
 func Resolve(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, key, action, operator string) (Delivery, error) {
+	return resolveOne(ctx, pool, schemaName, destination, key, action, operator, false)
+}
+
+// ResolveAbandoned is Resolve that also settles a reserved message, for a
+// row that no relay works on any more (its destination's stream has no
+// leader: the caller checks): a leader that died mid-request leaves it
+// reserved until a relay serving the destination takes it over, and an
+// operator who has checked with the receiver need not wait for that. A
+// retry of a row whose request may have been written warns like one of an
+// unknown message.
+func ResolveAbandoned(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, key, action, operator string) (Delivery, error) {
+	return resolveOne(ctx, pool, schemaName, destination, key, action, operator, true)
+}
+
+func resolveOne(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, key, action, operator string, reserved bool) (Delivery, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return Delivery{}, err
@@ -115,7 +130,10 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, k
 		if err != nil {
 			return err
 		}
-		if row.state == StateReserved || row.state == StateDelivered {
+		if row.state == StateReserved && reserved {
+			// in_flight or attempts > 0: a request may have been written.
+			row.onceUnknown = row.onceUnknown || row.attempted
+		} else if row.state == StateReserved || row.state == StateDelivered {
 			return fmt.Errorf("message %q for %s is %s: only unknown, failed or skipped messages can be resolved", key, destination, row.state)
 		}
 		warning, err := settle(ctx, tx, id, row, action, operator)
@@ -154,6 +172,7 @@ type ledgerRow struct {
 	payload                 []byte
 	eventID                 int64
 	onceUnknown             bool
+	attempted               bool // some attempt was claimed: a request may have been written
 }
 
 // lockedRowColumns reads a ledgerRow; once_unknown is true when some
@@ -163,11 +182,12 @@ func lockedRowColumns(id string) string {
 	return `destination, dedupe_key, state, payload, event_id, uncertain OR state = 'unknown' OR EXISTS (
 	SELECT 1 FROM ` + id + `.audit_log a WHERE a.action LIKE 'deliveries.%' AND a.detail->>'from' = 'unknown'
 	  AND a.detail->>'destination' = deliveries.destination
-	  AND (a.detail->>'dedupe_key' = deliveries.dedupe_key OR a.detail->'keys' ? deliveries.dedupe_key))`
+	  AND (a.detail->>'dedupe_key' = deliveries.dedupe_key OR a.detail->'keys' ? deliveries.dedupe_key)),
+	in_flight OR attempts > 0`
 }
 
 func (r *ledgerRow) fields() []any {
-	return []any{&r.destination, &r.key, &r.state, &r.payload, &r.eventID, &r.onceUnknown}
+	return []any{&r.destination, &r.key, &r.state, &r.payload, &r.eventID, &r.onceUnknown, &r.attempted}
 }
 
 // settle applies one resolution to a locked row and returns a warning for

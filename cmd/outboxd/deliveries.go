@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/webhook"
 )
 
@@ -26,7 +27,8 @@ The delivery ledger has one row per (destination, dedupe key). A message whose r
 reached a receiver that does not dedupe (a timeout or a reset after sending, or a relay stopped
 mid-request) is "unknown" and is never sent again on its own: check with the receiver, then
 resolve it --delivered (it arrived), --failed (give up) or --retry (send it again under the same
-Idempotency-Key). Failed and skipped messages can be resolved the same way. A message retried
+Idempotency-Key). Failed and skipped messages can be resolved the same way, and so can a
+reserved one while no relay leads its destination's stream (a leader died mid-request). A message retried
 (or appended) for a destination no live relay serves is "waiting" until a relay with that
 --destination starts. Every resolution is recorded in audit_log with the operator (--operator,
 default the OS user). A --retry of a message that was ever unknown warns: the receiver may
@@ -172,7 +174,17 @@ func deliveries(ctx context.Context, args []string, out io.Writer) error {
 		return nil
 	}
 	if action == "resolve" {
-		d, err := webhook.Resolve(ctx, pool, db.schema, f.Destination, key, resolution, operator)
+		// A reserved message is settled by hand only when no relay leads
+		// its destination's stream: one that does will finish it itself.
+		resolve := webhook.Resolve
+		leaders, err := relay.Leaders(ctx, pool, db.schema, []string{messageStream(f.Destination)})
+		if err != nil {
+			return err
+		}
+		if len(leaders) == 1 && leaders[0].PID == 0 {
+			resolve = webhook.ResolveAbandoned
+		}
+		d, err := resolve(ctx, pool, db.schema, f.Destination, key, resolution, operator)
 		if err != nil {
 			return err
 		}
