@@ -216,6 +216,11 @@ func scanScroll(ctx context.Context, es *elasticsearch.Client, op string, opts S
 		id := page.ScrollID
 		page.Hits.Hits = nil
 		err = scanDo(ctx, es, op+": next page", esapi.ScrollRequest{ScrollID: id, Scroll: keep}, &page)
+		if err != nil && strings.Contains(err.Error(), "search_context_missing_exception") {
+			// Unlike a point in time, a scroll cannot be kept alive between
+			// pages: say what happened instead of a bare 404.
+			return fmt.Errorf("%w: the scroll expired: a page waited on the sink longer than the keep-alive (%s), and OpenSearch cannot extend a scroll between pages; run again with a longer keep-alive", err, keepStr)
+		}
 	}
 	return err
 }
