@@ -175,31 +175,6 @@ func (r *Relay) Leaderless(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// leaderlessFor reports whether stream has had no leader for three lease
-// intervals, as Leaderless counts it.
-func (r *Relay) leaderlessFor(ctx context.Context, stream string) bool {
-	leaders, err := Leaders(ctx, r.cfg.Pool, r.cfg.Schema, []string{stream})
-	if err != nil || len(leaders) != 1 {
-		return false
-	}
-	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.unled == nil {
-		r.unled = map[string]time.Time{}
-	}
-	if leaders[0].PID != 0 {
-		delete(r.unled, stream)
-		return false
-	}
-	since, ok := r.unled[stream]
-	if !ok {
-		r.unled[stream] = now
-		return false
-	}
-	return now.Sub(since) >= 3*r.cfg.LeaseInterval
-}
-
 // LeaderlessError is Leaderless as a readiness check: nil when every
 // stream of this relay has a leader.
 func (r *Relay) LeaderlessError(ctx context.Context) error {

@@ -117,7 +117,6 @@ type Relay struct {
 	paused       map[string]string             // stream -> why its sink fails; see Paused
 	reconnecting map[string]error              // see Health
 	unled        map[string]time.Time          // stream -> first seen without a leader; see Leaderless
-	rescued      map[string]bool               // streams led beyond the fair share because nobody else did
 
 	fleet fleet // which other relays can lead this one's streams
 }
@@ -244,7 +243,7 @@ func (r *Relay) leadingCount(exclusive map[string]bool) int {
 	defer r.mu.Unlock()
 	n := 0
 	for s := range r.held {
-		if !exclusive[s] && !r.rescued[s] {
+		if !exclusive[s] {
 			n++
 		}
 	}
@@ -265,12 +264,6 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 	for {
 		exclusive := r.exclusive(ctx)
 		room := exclusive[s.Name] || r.leadingCount(exclusive) < r.fairShare(ctx, member, exclusive)
-		// The shares count every live relay, also those that cannot lead
-		// this stream, so the ones that can may all be at their share
-		// while it has no leader: then it is taken beyond the share, and
-		// kept (see yieldExtra), rather than left waiting.
-		rescue := !room && r.leaderlessFor(ctx, s.Name)
-		room = room || rescue
 		if !room {
 			r.setReconnecting(s.Name, nil)
 		}
@@ -305,10 +298,7 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 				case ok:
 					r.setReconnecting(s.Name, nil)
 					failures = 0
-					if rescue {
-						r.log.Info("relay: leading a stream nobody led, beyond this relay's share", "stream", s.Name)
-					}
-					err := r.lead(ctx, member, conn, s, rescue)
+					err := r.lead(ctx, member, conn, s)
 					lost := sessionLost(conn, err)
 					// Closing the session is what releases the lock: the
 					// stream is given up, whatever ended its leadership.
@@ -347,23 +337,16 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 
 // lead runs stream s while this process holds its lock. It returns nil on
 // shutdown or when handing the stream to another relay for balance.
-func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s Stream, rescued bool) error {
+func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s Stream) error {
 	ctx, yield := context.WithCancel(ctx)
 	defer yield()
 	r.mu.Lock()
 	r.held[s.Name] = yield
-	if rescued {
-		if r.rescued == nil {
-			r.rescued = map[string]bool{}
-		}
-		r.rescued[s.Name] = true
-	}
 	r.mu.Unlock()
 	r.metrics.leader.WithLabelValues(s.Name).Set(1)
 	defer func() {
 		r.mu.Lock()
 		delete(r.held, s.Name)
-		delete(r.rescued, s.Name)
 		delete(r.paused, s.Name)
 		r.mu.Unlock()
 		r.metrics.leader.WithLabelValues(s.Name).Set(0)
@@ -396,10 +379,7 @@ func (r *Relay) yieldExtra(ctx context.Context, member *membership, stream strin
 		return false
 	}
 	exclusive := r.exclusive(ctx)
-	r.mu.Lock()
-	rescued := r.rescued[stream]
-	r.mu.Unlock()
-	if exclusive[stream] || rescued {
+	if exclusive[stream] {
 		return false
 	}
 	share := r.fairShare(ctx, member, exclusive)
@@ -409,7 +389,7 @@ func (r *Relay) yieldExtra(ctx context.Context, member *membership, stream strin
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for s := range r.held {
-		if s > stream && !exclusive[s] && !r.rescued[s] {
+		if s > stream && !exclusive[s] {
 			return false
 		}
 	}
