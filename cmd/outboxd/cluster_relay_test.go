@@ -17,7 +17,7 @@ import (
 
 // Three relay processes share 6 partitions. Two are SIGKILLed: the
 // survivor leads all 6 within the lease interval plus 1 s. Restarted, the
-// leadership spreads back to 2 streams each within 10 s. Throughout, the
+// leadership spreads back over the three within 10 s. Throughout, the
 // index never goes back to a lower version of any document.
 func TestClusterRelaysAcrossHosts(t *testing.T) {
 	e := newClusterEnv(t)
@@ -99,7 +99,7 @@ func TestClusterRelaysAcrossHosts(t *testing.T) {
 	relays[1] = e.startRelay(t, e.dbURL, "--partitions", "6")
 	relays[2] = e.startRelay(t, e.dbURL, "--partitions", "6")
 	rebalance := waitFor(t, "the leadership spreads back over the three relays", 30*time.Second, spread(relays))
-	t.Logf("restart of two relays: 2 streams each %s after their start", rebalance.Round(10*time.Millisecond))
+	t.Logf("restart of two relays: spread back %s after their start", rebalance.Round(10*time.Millisecond))
 	if rebalance > 10*time.Second {
 		t.Fatalf("rebalancing took %s, want at most 10s", rebalance)
 	}
