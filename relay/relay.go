@@ -255,7 +255,8 @@ func (r *Relay) leadingCount(exclusive map[string]bool) int {
 func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error {
 	key := streamKey(r.cfg.Schema, s.Name)
 	var conn *pgx.Conn
-	failures := 0 // connection failures since the last lock attempt that got an answer
+	failures := 0      // connection failures since the last lock attempt that got an answer
+	ledBefore := false // a leadership of s ended without a fatal error in this process
 	defer func() {
 		if conn != nil {
 			conn.Close(context.WithoutCancel(ctx))
@@ -309,9 +310,24 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 					// stored position, except on shutdown, where the
 					// unstored position is reported, and for what a new
 					// leadership would meet again.
-					if err != nil && (ctx.Err() != nil || fatal(err)) {
+					if err != nil && (ctx.Err() != nil || (fatal(err) && !ledBefore)) {
 						return err
 					}
+					if err != nil && fatal(err) {
+						// Met while the relay runs (after a database
+						// failover, say): that stream stops, shown with
+						// its reason, and the others go on; it is tried
+						// again after a pause, in case an operator reset it.
+						r.log.Error("relay: the stream cannot go on; the other streams continue", "stream", s.Name, "err", err)
+						r.setReconnecting(s.Name, err)
+						select {
+						case <-ctx.Done():
+							return nil
+						case <-time.After(30 * r.cfg.LeaseInterval):
+						}
+						continue
+					}
+					ledBefore = true
 					if err != nil {
 						if lost {
 							r.log.Warn("relay: lost the stream's database session; reconnecting", "stream", s.Name, "err", err)
