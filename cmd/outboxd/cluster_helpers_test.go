@@ -268,10 +268,14 @@ func (p *relayProc) sum(name string) float64 {
 // leads lists the streams this relay leads, by its outboxd_leader gauge.
 // leads counts the search streams the relay leads: every relay also has
 // the webhook-unrouted stream, which says nothing about the partitions.
-func (p *relayProc) leads() int {
+func (p *relayProc) leads() int { return p.leading(false) }
+
+// leading counts the streams the relay leads, webhook-unrouted included
+// when all is set.
+func (p *relayProc) leading(all bool) int {
 	n := 0
 	for k, v := range p.metrics("outboxd_leader") {
-		if strings.Contains(k, `"webhook-unrouted"`) {
+		if !all && strings.Contains(k, `"webhook-unrouted"`) {
 			continue
 		}
 		if v == 1 {

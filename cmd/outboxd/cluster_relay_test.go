@@ -27,16 +27,15 @@ func TestClusterRelaysAcrossHosts(t *testing.T) {
 	}
 	// Seven streams (six partitions and webhook-unrouted, which every
 	// relay has) over three relays: a fair share is 3, so each relay leads
-	// 1 to 3 of the partitions and all six are led.
+	// 1 to 3 streams and all six partitions are led.
 	spread := func(rs []*relayProc) func() bool {
 		return func() bool {
 			total := 0
 			for _, r := range rs {
-				n := r.leads()
-				if n < 1 || n > 3 {
+				if n := r.leading(true); n < 1 || n > 3 {
 					return false
 				}
-				total += n
+				total += r.leads()
 			}
 			return total == 6
 		}
