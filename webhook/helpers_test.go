@@ -308,12 +308,18 @@ func runChild(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ss, err := streams(pool, c.Schema, destination("hook", c.URL, c.Idempotent))
+	return runRelayChild(ctx, pool, c.Schema, destination("hook", c.URL, c.Idempotent))
+}
+
+// runRelayChild runs a relay for dests until ctx ends, as a child
+// process's main: the exit code says how it ended.
+func runRelayChild(ctx context.Context, pool *pgxpool.Pool, schemaName string, dests ...webhook.Destination) int {
+	ss, err := streams(pool, schemaName, dests...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	r, err := relay.New(relayConfig(pool, c.Schema, ss))
+	r, err := relay.New(relayConfig(pool, schemaName, ss))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -21,7 +21,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/webhook"
 )
 
@@ -71,21 +70,7 @@ func runProofChild(raw string) int {
 		d.MaxAttempts, d.BackoffBase, d.BackoffMax = 6, 10*time.Millisecond, 100*time.Millisecond
 		dests = append(dests, d)
 	}
-	ss, err := streams(pool, c.Schema, dests...)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	r, err := relay.New(relayConfig(pool, c.Schema, ss))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := r.Run(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	return 0
+	return runRelayChild(ctx, pool, c.Schema, dests...)
 }
 
 // verifyStandardWebhook is the Standard Webhooks verification as the
