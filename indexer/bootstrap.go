@@ -112,12 +112,14 @@ func checkName(name string) error {
 // when one of the names is a concrete index or the aliases are shaped
 // differently.
 func Bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec []byte) error {
-	_, err := bootstrap(ctx, es, name, spec)
+	_, err := bootstrap(ctx, es, name, spec, nil)
 	return err
 }
 
 // bootstrap is Bootstrap; created says it created name-000001.
-func bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec []byte) (created bool, err error) {
+// rebuilt (may be nil) names the index a recorded rebuild left name's
+// documents in.
+func bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec []byte, rebuilt func(context.Context, string) (string, error)) (created bool, err error) {
 	if err := checkName(name); err != nil {
 		return false, err
 	}
@@ -128,7 +130,7 @@ func bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec 
 	// Each round either finds everything in place or makes one change and
 	// looks again; concurrent bootstraps converge within a few rounds.
 	for range 5 {
-		done, err := bootstrapStep(ctx, es, name, body, &created)
+		done, err := bootstrapStep(ctx, es, name, body, &created, rebuilt)
 		if err != nil || done {
 			return created, err
 		}
@@ -177,7 +179,7 @@ func (r *resolved) dataStream(n string) bool {
 	return false
 }
 
-func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, body []byte, created *bool) (done bool, err error) {
+func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, body []byte, created *bool, rebuilt func(context.Context, string) (string, error)) (done bool, err error) {
 	write, read, first := WriteAlias(name), ReadAlias(name), FirstIndex(name)
 	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
 		Name:              []string{name, write, read, first},
@@ -233,6 +235,19 @@ func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, b
 		} else if len(later) > 0 {
 			return false, &LayoutLostError{Index: name, Reason: fmt.Sprintf("%s exists but %s, %s and %s point at no index; outboxd will not create an empty %s beside it: point the aliases at the index that holds the documents (outboxd migrate-index --index %s after adding %s to it) or delete it",
 				strings.Join(later, ", "), name, write, read, first, name, write)}
+		}
+		if rebuilt != nil {
+			// The later index may be gone too (deleted by hand): the
+			// rebuilds table still says the layout lived there, and an
+			// empty name-000001 would silently start the index over.
+			home, err := rebuilt(ctx, name)
+			if err != nil {
+				return false, fmt.Errorf("indexer: bootstrap %q: reading the rebuilds table: %w", name, err)
+			}
+			if home != "" && home != first {
+				return false, &LayoutLostError{Index: name, Reason: fmt.Sprintf("a rebuild moved its documents to %s, which is gone, and %s, %s and %s point at no index; outboxd will not create an empty %s in its place: restore %s (from a snapshot), or, to start the index over empty, run outboxd rebuild --index %s --forget",
+					home, name, write, read, first, home, name)}
+			}
 		}
 		create := append(append(body[:len(body)-1:len(body)-1], `,"aliases":{`...), aliasesJSON(name)...)
 		create = append(create, "}}"...)
@@ -418,7 +433,7 @@ func (s *Sink) ensure(ctx context.Context, name string) error {
 	if e.ok.Load() {
 		return nil
 	}
-	created, err := bootstrap(ctx, s.es, name, s.spec)
+	created, err := bootstrap(ctx, s.es, name, s.spec, s.rebuilt)
 	if err != nil {
 		s.logger.Warn("indexer: bootstrap failed", slog.String("index", name), slog.String("error", err.Error()))
 		return err
@@ -478,7 +493,7 @@ func MigrateLayout(ctx context.Context, es *elasticsearch.Client, name string) (
 	}
 	for range 5 {
 		var created bool
-		done, err := bootstrapStep(ctx, es, name, body, &created)
+		done, err := bootstrapStep(ctx, es, name, body, &created, nil)
 		if err != nil || done {
 			return changed, err
 		}

@@ -33,6 +33,13 @@ type Options struct {
 	// reads them from the outbox: valid JSON on one line, which the sink
 	// then does not parse again (it still checks for an object).
 	JSONB bool
+
+	// Rebuilt, when set, names the concrete index a recorded rebuild left
+	// an index's documents in ("" when none is recorded, or it is
+	// name-000001). Bootstrap then refuses to create an empty
+	// name-000001 for an index whose recorded home is another one, even
+	// when that index is gone: a layout never silently starts over.
+	Rebuilt func(ctx context.Context, name string) (string, error)
 }
 
 // Sink writes relay events to Elasticsearch. It implements relay.Sink.
@@ -43,6 +50,7 @@ type Sink struct {
 	workers  int
 	spec     []byte
 	jsonb    bool
+	rebuilt  func(ctx context.Context, name string) (string, error)
 	logger   *slog.Logger
 	latency  *prometheus.HistogramVec
 	now      func() time.Time // tombstone timestamps; tests move it
@@ -82,6 +90,7 @@ func NewSink(o Options) (*Sink, error) {
 		workers:  orDefault(o.Workers, 4),
 		spec:     spec,
 		jsonb:    o.JSONB,
+		rebuilt:  o.Rebuilt,
 		logger:   o.Logger,
 		boot:     make(map[string]*bootEntry),
 		verMu:    make(chan struct{}, 1),

@@ -84,7 +84,7 @@ Flags:
 	if err != nil {
 		return err
 	}
-	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec})
+	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, Rebuilt: repair.RebuiltIndex(pool, db.schema)})
 	if err != nil {
 		return err
 	}

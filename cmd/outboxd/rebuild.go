@@ -31,6 +31,7 @@ func runRebuild(ctx context.Context, args []string) error {
 	keep := fs.Duration("keep", 0, "drop the old index this long after the swap, at a later rebuild or --drop-old (0: keep it until --drop-old)")
 	abort := fs.Bool("abort", false, "delete the half-built index of an unfinished rebuild instead")
 	dropOld := fs.Bool("drop-old", false, "delete the index a finished rebuild swapped away from instead")
+	forget := fs.Bool("forget", false, "delete the record of a rebuild whose indices are all gone, so the relay may start N over empty")
 	batch := fs.Int("batch", 1000, "documents per bulk request")
 	workers := fs.Int("bulk-workers", 4, "bulk requests at once")
 	swapDelta := fs.Int("swap-delta", 1000, "swap once a catch-up round copies at most this many documents (or rounds stop shrinking)")
@@ -42,6 +43,7 @@ func runRebuild(ctx context.Context, args []string) error {
 		fmt.Fprint(fs.Output(), `Usage: outboxd rebuild --index N [--mappings FILE] [--settings FILE] [--from index|source] [flags]
        outboxd rebuild --index N --abort
        outboxd rebuild --index N --drop-old
+       outboxd rebuild --index N --forget
 
 Creates the next concrete index of N (N-000002 after N-000001, ...) with the
 given mappings and settings, fills it from the current index (or from
@@ -49,7 +51,10 @@ given mappings and settings, fills it from the current index (or from
 writing, catches up with what was written meanwhile, and moves N, N-write
 and N-read to it in one atomic request. State is stored in
 <schema>.rebuilds: run the same command again after a crash to continue.
-The old index is kept until --drop-old (or --keep).
+The old index is kept until --drop-old (or --keep). While the record of a
+rebuild names an index that is gone, the relay will not create an empty N
+in its place; --forget deletes that record (it refuses while an index it
+names exists or one of N's aliases points at an index).
 
 Exit status: 0 swapped (or aborted, dropped); 3 the new index refused
 documents and nothing was swapped (listed; --accept-rejected or --abort).
@@ -64,8 +69,8 @@ Flags:
 	switch {
 	case *index == "":
 		return fmt.Errorf("index: required (--index N)")
-	case *abort && *dropOld:
-		return fmt.Errorf("abort, drop-old: give at most one")
+	case btoi(*abort)+btoi(*dropOld)+btoi(*forget) > 1:
+		return fmt.Errorf("abort, drop-old, forget: give at most one")
 	}
 	esCfg, err := es.config()
 	if err != nil {
@@ -87,6 +92,12 @@ Flags:
 			return err
 		}
 		fmt.Printf("aborted: deleted %s; %s unchanged\n", gone, *index)
+		return nil
+	case *forget:
+		if err := repair.ForgetRebuild(ctx, pool, db.schema, client, *index); err != nil {
+			return err
+		}
+		fmt.Printf("forgot the rebuild record of %s; the relay will create %s empty on its next event\n", *index, indexer.FirstIndex(*index))
 		return nil
 	case *dropOld:
 		dropped, err := repair.DropOldIndex(ctx, pool, db.schema, client, *index)
@@ -145,4 +156,11 @@ Flags:
 		return &exitError{code: 3, err: err}
 	}
 	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -290,7 +290,7 @@ func connectElasticsearch(ctx context.Context, es *esFlags, f relayFlags) (index
 func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client *elasticsearch.Client, spec []byte, f relayFlags, reg *prometheus.Registry, log *slog.Logger) (*relay.Relay, error) {
 	sink, err := indexer.NewSink(indexer.Options{
 		Client: client, MaxBatchDocs: f.bulkDocs, MaxBatchBytes: f.bulkBytes, Workers: f.bulkWorkers,
-		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log,
+		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log, Rebuilt: repair.RebuiltIndex(pool, schemaName),
 	})
 	if err != nil {
 		return nil, err

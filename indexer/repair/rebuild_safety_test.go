@@ -154,6 +154,54 @@ func TestRebuildNeverDeletesLiveIndex(t *testing.T) {
 	}
 }
 
+func TestBootstrapRefusesToStartARebuiltIndexOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setupRebuild(t, 20)
+	first, second := indexer.FirstIndex(e.name), e.name+"-000002"
+	if rep, err := Rebuild(ctx, e.rebuildOpts()); err != nil || !rep.Swapped {
+		t.Fatalf("rebuild: %+v, %v", rep, err)
+	}
+	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+		t.Fatalf("drop-old: %v", err)
+	}
+	// The rebuilt index deleted by hand, with its aliases: no index of the
+	// name is left, only the rebuilds table remembers where it lived.
+	if st, b := esCall(t, e.es, "DELETE", "/"+second, ""); st != 200 {
+		t.Fatalf("delete %s: %d %s", second, st, b)
+	}
+	sink := newSink(t, indexer.Options{Client: e.es, Rebuilt: RebuiltIndex(e.pool, e.schema)})
+	_, err := sink.Write(ctx, []outbox.Event{upsert(e.name, "new", 1, `{"title":"x"}`)})
+	if !indexer.IsConfig(err) || !strings.Contains(err.Error(), second+", which is gone") || !strings.Contains(err.Error(), "--forget") {
+		t.Fatalf("a write after %s was deleted: %v; want the sink paused, naming %s and --forget", second, err, second)
+	}
+	if ok, _ := indexExists(ctx, e.es, first); ok {
+		t.Fatalf("bootstrap created an empty %s in place of the rebuilt %s", first, second)
+	}
+
+	t.Run("forget refuses while an index the record names exists", func(t *testing.T) {
+		if st, b := esCall(t, e.es, "PUT", "/"+second, ""); st != 200 {
+			t.Fatalf("create %s: %d %s", second, st, b)
+		}
+		if err := ForgetRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), second+" still exists") {
+			t.Fatalf("forget with %s there: %v; want a refusal", second, err)
+		}
+		esCall(t, e.es, "DELETE", "/"+second, "")
+	})
+	t.Run("after forget the index starts over empty", func(t *testing.T) {
+		if err := ForgetRebuild(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+			t.Fatalf("forget: %v", err)
+		}
+		outs, err := sink.Write(ctx, []outbox.Event{upsert(e.name, "new", 1, `{"title":"x"}`)})
+		if err != nil || outs[0].Status != outbox.Applied {
+			t.Fatalf("write after forget: %+v, %v", outs, err)
+		}
+		if ok, _ := indexExists(ctx, e.es, first); !ok {
+			t.Fatalf("%s not created after forget", first)
+		}
+	})
+}
+
 // onLog is a log handler that runs f (once) when a run logs msg.
 type onLog struct {
 	msg  string
