@@ -23,6 +23,7 @@ func TestAnswerRule(t *testing.T) {
 		{"503 with retry_5xx", exchange{wrote: true, status: 503}, true, vRetry},
 		{"timeout or reset after the request was written", exchange{wrote: true, err: lost}, false, vUncertain},
 		{"timeout after writing, retry_5xx changes nothing", exchange{wrote: true, err: lost}, true, vUncertain},
+		{"a kept-alive connection the receiver closed before the request was registered", exchange{wrote: true, err: errors.New(`Post "http://x": http: server closed idle connection`)}, false, vRetry},
 		{"3xx", exchange{wrote: true, status: 301}, false, vRefused},
 		{"4xx", exchange{wrote: true, status: 422}, false, vRefused},
 		{"a status outside HTTP's", exchange{wrote: true, status: 700}, false, vUncertain},

@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -34,6 +36,16 @@ type exchange struct {
 	err    error
 }
 
+// closedIdle reports net/http's "server closed idle connection": the
+// receiver closed a kept-alive connection before this request was even
+// registered on it (the transport saw the end of the connection while no
+// answer was expected), so it cannot have read the request, whatever
+// bytes reached the dead socket. net/http re-sends such a request itself
+// only when it looks idempotent; outboxd knows it was not processed.
+func closedIdle(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "http: server closed idle connection")
+}
+
 // judge is the answer rule. A request is sent again only when the answer
 // proves it was not processed: it never left (connection refused, DNS,
 // TLS handshake), or the receiver said 408 or 429. Every other outcome
@@ -45,7 +57,7 @@ type exchange struct {
 func judge(x exchange, retry5xx bool) verdict {
 	code := x.status
 	switch {
-	case x.err != nil && !x.wrote:
+	case x.err != nil && (!x.wrote || closedIdle(x.err)):
 		return vRetry
 	case x.err != nil:
 		return vUncertain
@@ -73,9 +85,26 @@ type attempt struct {
 
 // newClient is the destination's HTTP client: its timeout bounds the whole
 // exchange, and redirects are answers, not instructions (a webhook that
-// moved is a configuration error, reported as failed).
-func newClient(d Destination) *http.Client {
+// moved is a configuration error, reported as failed). Its connections
+// count the bytes that reach the socket, which is what "the request was
+// written" means for the answer rule (see Sink.do).
+func newClient(d Destination) *http.Client { return newClientOver(d, nil) }
+
+// newClientOver is newClient with its sockets seen through under (nil:
+// as they are), for tests that make a socket fail.
+func newClientOver(d Destination, under func(net.Conn) net.Conn) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
+	dial := t.DialContext
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if under != nil {
+			c = under(c)
+		}
+		return &countingConn{Conn: c}, nil
+	}
 	t.MaxConnsPerHost = d.Concurrency
 	t.MaxIdleConnsPerHost = d.Concurrency
 	if d.RootCAs != nil {
@@ -137,17 +166,59 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 }
 
 // do sends req with c, telling whether any request byte was written.
+//
+// On a connection of newClient that is whether a byte of this request
+// reached the socket. httptrace's WroteRequest is not enough: it reports
+// success once the request is in the transport's buffer, and on a
+// kept-alive connection the receiver had closed, the flush that follows
+// fails with nothing sent; taking that for "written" turned a request
+// that never left into an unknown outcome. With another client (a test's)
+// WroteRequest is all there is. Over HTTP/2 one connection carries other
+// requests' bytes too, which can only err towards "written".
 func (s *Sink) do(req *http.Request, c *http.Client) (resp *http.Response, wrote bool, err error) {
-	var w atomic.Bool
+	var (
+		buffered atomic.Bool
+		mu       sync.Mutex
+		conn     *countingConn
+		start    int64
+	)
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) {
+			nc := i.Conn
+			if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
+				nc = tc.NetConn() // TLS: the handshake's bytes came before
+			}
+			if cc, ok := nc.(*countingConn); ok {
+				mu.Lock()
+				conn, start = cc, cc.written.Load()
+				mu.Unlock()
+			}
+		},
 		WroteRequest: func(i httptrace.WroteRequestInfo) {
 			if i.Err == nil {
-				w.Store(true)
+				buffered.Store(true)
 			}
 		},
 	}))
 	resp, err = c.Do(req)
-	return resp, w.Load(), err
+	mu.Lock()
+	defer mu.Unlock()
+	if conn != nil {
+		return resp, conn.written.Load() > start, err
+	}
+	return resp, buffered.Load(), err
+}
+
+// countingConn counts the bytes written to the socket.
+type countingConn struct {
+	net.Conn
+	written atomic.Int64
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.written.Add(int64(n))
+	return n, err
 }
 
 // retryAfter reads a Retry-After header: seconds or an HTTP date.
