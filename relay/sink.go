@@ -17,6 +17,9 @@ import (
 // (connection refused, every node down): the relay retries the whole batch
 // with backoff, indefinitely, without counting it against any event's
 // attempt limit, so an outage never dead-letters the backlog.
+//
+// Package relaytest checks this contract against a sink's real target;
+// every sink passes it (see relaytest.Exercise).
 type Sink interface {
 	Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error)
 }
