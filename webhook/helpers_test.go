@@ -25,8 +25,9 @@ import (
 )
 
 var (
-	_ relay.Sink = (*webhook.Sink)(nil)
-	_ relay.Sink = (*webhook.UnroutedSink)(nil)
+	_ relay.Sink       = (*webhook.Sink)(nil)
+	_ relay.LeaderWork = (*webhook.Sink)(nil)
+	_ relay.Sink       = (*webhook.UnroutedSink)(nil)
 )
 
 var secret = []byte("test-secret-0123456789")

@@ -29,8 +29,10 @@ type Options struct {
 }
 
 // Sink delivers the messages of one destination (the events of index
-// outbox.MessageIndex(name)); give it a stream of its own. See the package
-// doc for the ledger protocol.
+// outbox.MessageIndex(name)); give it a stream of its own, and run Lead
+// while that stream is led (package relay does: Sink is a
+// relay.LeaderWork), or parked messages are never retried. See the
+// package doc for the ledger protocol.
 type Sink struct {
 	dest    Destination
 	ledger  ledger
