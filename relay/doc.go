@@ -90,7 +90,10 @@
 // Stream.Exclude, with "prefix*" entries), each with its own Sink if it
 // likes: outboxd gives every webhook destination a stream of its own and
 // keeps the message namespace out of the Elasticsearch streams, so a slow
-// receiver holds back nothing but its own messages.
+// receiver holds back nothing but its own messages. A Sink that also
+// implements LeaderWork gets its Lead run for as long as the process leads
+// the stream (a webhook sink retries its parked messages there); the
+// stream is given up only once Lead has returned.
 //
 // # Versions
 //

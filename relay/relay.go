@@ -377,6 +377,20 @@ func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s 
 	}
 	r.log.Info("relay: leading stream", "stream", s.Name, "position", pos.done.String())
 	w := &streamWriter{r: r, member: member, conn: conn, stream: s, acked: pos, stored: time.Now()}
+	if lw, ok := w.sink().(LeaderWork); ok {
+		// The stream may be led again as soon as this returns: the sink's
+		// own work of this term must be over by then, like its pages.
+		var work sync.WaitGroup
+		work.Add(1)
+		go func() {
+			defer work.Done()
+			lw.Lead(ctx)
+		}()
+		defer func() {
+			yield()
+			work.Wait()
+		}()
+	}
 	return w.run(ctx)
 }
 

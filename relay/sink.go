@@ -23,3 +23,16 @@ import (
 type Sink interface {
 	Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error)
 }
+
+// LeaderWork is an optional interface of a Sink: work of the sink's own,
+// apart from the pages it is given, that one process at a time must do
+// for the stream (a webhook destination's retries of its parked
+// messages). The relay runs Lead for as long as it leads the stream and
+// cancels ctx when it stops leading; it waits for Lead to return before it
+// lets the stream go, so a new leader's Lead never overlaps it unless this
+// process lost its session (a crash, a partition), which the sink's own
+// records must then settle. Lead must return promptly once ctx is
+// cancelled, apart from requests it must not cut short.
+type LeaderWork interface {
+	Lead(ctx context.Context)
+}

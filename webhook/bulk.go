@@ -28,17 +28,18 @@ type BulkResult struct {
 	Warnings []string `json:"warnings,omitempty"`
 }
 
-// ResolveAll settles every selected message (unknown, failed or skipped)
-// as Resolve settles one, in one transaction with one audit_log row that
+// ResolveAll settles every selected message (retrying, unknown, failed or
+// skipped; a retrying one whose request is in flight is left to its
+// answer) as Resolve settles one, in one transaction with one audit_log row that
 // lists them.
 func ResolveAll(ctx context.Context, pool *pgxpool.Pool, schemaName string, sel Selection, action, operator string) (BulkResult, error) {
 	if err := checkResolution(action, operator); err != nil {
 		return BulkResult{}, err
 	}
 	switch sel.State {
-	case StateUnknown, StateFailed, StateSkipped:
+	case StateRetrying, StateUnknown, StateFailed, StateSkipped:
 	default:
-		return BulkResult{}, fmt.Errorf("state: %q: only unknown, failed or skipped messages can be resolved", sel.State)
+		return BulkResult{}, fmt.Errorf("state: %q: only retrying, unknown, failed or skipped messages can be resolved", sel.State)
 	}
 	return bulk(ctx, pool, schemaName, sel, action, "deliveries.resolve_all", operator)
 }
@@ -74,6 +75,7 @@ func bulk(ctx context.Context, pool *pgxpool.Pool, schemaName string, sel Select
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT `+lockedRowColumns(id)+` FROM `+id+`.deliveries
 			WHERE destination = $1 AND state = $2 AND ($3::timestamptz IS NULL OR coalesce(finished_at, reserved_at) >= $3)
+			  AND NOT (state = 'retrying' AND in_flight)
 			ORDER BY reserved_at, dedupe_key FOR UPDATE`, sel.Destination, sel.State, nullTime(sel.Since))
 		if err != nil {
 			return err

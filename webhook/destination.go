@@ -55,8 +55,20 @@ type Destination struct {
 
 	MaxAttempts int           // attempts before giving up; default 8
 	BackoffBase time.Duration // default 500ms, doubling with jitter
-	BackoffMax  time.Duration // default 1m; a longer Retry-After wins
+	BackoffMax  time.Duration // default 1m; a longer Retry-After (up to 10m) wins
+
+	// RetryInline bounds how long one message may hold back the others:
+	// a message is retried in line (its page waits) only while its next
+	// attempt would start within RetryInline of its first; past that it
+	// is parked in the ledger as retrying, its event acknowledged, and the
+	// destination's leader sends it when due. Default 5s; negative: never
+	// in line (parked at its first retry). A page so waits at most
+	// RetryInline plus one attempt (Timeout, and CheckTimeout with a check).
+	RetryInline time.Duration
 }
+
+// DefaultRetryInline is Destination.RetryInline's default.
+const DefaultRetryInline = 5 * time.Second
 
 func (d *Destination) setDefaults() {
 	if d.Timeout <= 0 {
@@ -80,6 +92,9 @@ func (d *Destination) setDefaults() {
 	if d.BackoffMax <= 0 {
 		d.BackoffMax = time.Minute
 	}
+	if d.RetryInline == 0 {
+		d.RetryInline = DefaultRetryInline
+	}
 }
 
 // String describes the destination without its secret, for logs: the
@@ -91,6 +106,9 @@ func (d Destination) String() string {
 	}
 	if d.Rate > 0 {
 		s += fmt.Sprintf(" rate=%g/s", d.Rate)
+	}
+	if d.RetryInline != DefaultRetryInline {
+		s += fmt.Sprintf(" retry_inline=%s", max(d.RetryInline, 0))
 	}
 	if d.Check != "" {
 		s += " check=yes"
@@ -125,12 +143,13 @@ func (d *Destination) validate() error {
 //
 //	NAME=URL[,secret_env=VAR][,previous_secret_env=VAR[,previous_secret_until=RFC3339]][,ca_file=PEM]
 //	        [,idempotent=true][,retry_5xx=true][,timeout=5s][,concurrency=N][,rate=N/s]
-//	        [,breaker_failures=N][,breaker_cooldown=30s][,check_timeout=2s][,check=SQL]
+//	        [,breaker_failures=N][,breaker_cooldown=30s][,retry_inline=5s][,check_timeout=2s][,check=SQL]
 //
 // previous_secret_env holds the secret being rotated out: requests are
 // signed with both until previous_secret_until (or as long as the option
 // stays). ca_file is a PEM file of the CA certificates that verify the
-// receiver (a private CA), instead of the system roots.
+// receiver (a private CA), instead of the system roots. retry_inline is
+// Destination.RetryInline (0s: park a message at its first retry).
 // check comes last and takes the rest of the value, commas included. The
 // secret is read from the environment variable VAR (a Standard Webhooks
 // "whsec_<base64>" secret, or raw bytes); getenv is os.Getenv when nil.
@@ -208,6 +227,13 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 			if d.BreakerCooldown, err = time.ParseDuration(v); err != nil || d.BreakerCooldown <= 0 {
 				return d, fmt.Errorf("destination %s: breaker_cooldown: %q is not a positive duration", d.Name, v)
 			}
+		case "retry_inline":
+			if d.RetryInline, err = time.ParseDuration(v); err != nil || d.RetryInline < 0 {
+				return d, fmt.Errorf("destination %s: retry_inline: %q is not a duration of 0s or more", d.Name, v)
+			}
+			if d.RetryInline == 0 {
+				d.RetryInline = -1 // none in line; 0 would take the default
+			}
 		case "concurrency":
 			if d.Concurrency, err = strconv.Atoi(v); err != nil || d.Concurrency < 1 {
 				return d, fmt.Errorf("destination %s: concurrency: %q is not a positive integer", d.Name, v)
@@ -218,7 +244,7 @@ func ParseDestination(spec string, getenv func(string) string) (Destination, err
 				return d, fmt.Errorf("destination %s: rate: %q is not a positive number per second (like 50/s)", d.Name, v)
 			}
 		default:
-			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, previous_secret_env, previous_secret_until, ca_file, idempotent, retry_5xx, timeout, concurrency, rate, breaker_failures, breaker_cooldown, check_timeout, check)", d.Name, k)
+			return d, fmt.Errorf("destination %s: unknown option %q (secret_env, previous_secret_env, previous_secret_until, ca_file, idempotent, retry_5xx, timeout, concurrency, rate, breaker_failures, breaker_cooldown, retry_inline, check_timeout, check)", d.Name, k)
 		}
 	}
 	if !d.PreviousUntil.IsZero() && len(d.PreviousSecret) == 0 {

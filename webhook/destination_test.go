@@ -29,6 +29,19 @@ func TestParseDestination(t *testing.T) {
 		}
 	})
 
+	t.Run("retry_inline bounds the in-line retries: 5s by default, 0s parks at the first retry", func(t *testing.T) {
+		for spec, want := range map[string]time.Duration{
+			"b=http://x,secret_env=RAW":                    webhook.DefaultRetryInline,
+			"b=http://x,secret_env=RAW,retry_inline=750ms": 750 * time.Millisecond,
+			"b=http://x,secret_env=RAW,retry_inline=0s":    -1,
+		} {
+			d, err := webhook.ParseDestination(spec, getenv)
+			if err != nil || d.RetryInline != want {
+				t.Errorf("%q: retry_inline %s (%v), want %s", spec, d.RetryInline, err, want)
+			}
+		}
+	})
+
 	t.Run("bad values are refused naming the option and the reason, never the secret", func(t *testing.T) {
 		for spec, want := range map[string]string{
 			"billing":                                            "want NAME=URL",
@@ -42,6 +55,7 @@ func TestParseDestination(t *testing.T) {
 			"b=http://x,secret_env=RAW,idempotent=maybe":         "idempotent:",
 			"b=http://x,secret_env=RAW,colour=blue":              `unknown option "colour"`,
 			"b=http://x,secret_env=RAW,check=":                   "check: empty",
+			"b=http://x,secret_env=RAW,retry_inline=-1s":         "retry_inline:",
 			"b=http://x,secret_env=HOOK_SECRET,timeout=-1s,":     "timeout:",
 			"b=http://x,secret_env=RAW,secret_env=HOOK_SECRET,x": "want option=value",
 		} {

@@ -20,6 +20,9 @@
 //   - waiting: no live relay serves the destination (UnroutedSink wrote
 //     the row); the destination's sink takes the row over when it reads
 //     the message, once a relay serves it.
+//   - retrying: the message is parked between attempts until
+//     next_attempt_at (see below); its event is acknowledged and the row,
+//     payload and attempts included, owns it.
 //   - no claim: nothing was sent; the next leader sends.
 //   - a claim with no recorded answer (in_flight): the request may have
 //     been received. The message is not sent again unless the destination
@@ -41,6 +44,35 @@
 // cuts a request short (that would make its outcome unknown): requests
 // run to their own timeout.
 //
+// # Retries without a stall
+//
+// A message that is to be sent again (an answer that proves it was not
+// processed, or any uncertain one for an idempotent destination) retries
+// in line, its page waiting, only while its next attempt would start
+// within Destination.RetryInline (retry_inline, default 5s) of its first.
+// Past that it is parked: the answer is recorded with state retrying and
+// next_attempt_at (its backoff, at least the Retry-After, capped at 10
+// minutes, by the database's clock) in the same UPDATE, and only then is
+// its event acknowledged, so nothing is acknowledged without a durable
+// row. One failing message thus holds its page, and the destination's
+// stream, for at most RetryInline plus one attempt (Timeout, and
+// CheckTimeout with a check), on top of what holds back every message
+// alike (Concurrency, Rate, an open breaker). Sink.Lead, which the relay
+// runs while it leads the destination's stream (webhook-<name>), sends
+// each parked message when due, one attempt at a time under the same rules
+// (the check, Rate, Concurrency shared with the pages, the breaker,
+// MaxAttempts, judge), and records it final or parked again. Its claims
+// are the same compare-and-set on the attempts: a row found retrying with
+// its claim in flight (a relay killed mid-request) is unknown for a
+// non-idempotent destination and sent again for an idempotent one, as
+// for a page's message.
+//
+// Order: a destination's messages are not delivered in order. A page's
+// messages go concurrently, several pages are at the sink at once, and a
+// parked message goes after those behind it. Per key there is nothing to
+// order: a dedupe key is one message (any other with it is a duplicate,
+// never sent).
+//
 // # Signatures
 //
 // Every request carries Standard Webhooks headers: webhook-id (the dedupe
@@ -51,8 +83,9 @@
 //
 // # Operators
 //
-// List and Resolve back outboxd deliveries: an unknown or failed message
-// is resolved as delivered, failed, or retry (sent again under the same
+// List and Resolve back outboxd deliveries: an unknown, failed, skipped
+// or retrying message (the last not while a retry of it is in flight) is
+// resolved as delivered, failed, or retry (sent again under the same
 // key), audited in <schema>.audit_log. LedgerCollector exports the ledger
 // by state for /metrics.
 package webhook

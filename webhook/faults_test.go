@@ -144,7 +144,7 @@ func faultRun(t *testing.T, n int, idempotent bool, f faults) (*env, *receiver, 
 	deadline := began.Add(100 * time.Second)
 	for {
 		var final, open int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state <> 'reserved'), count(*) FILTER (WHERE state = 'reserved')
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state NOT IN ('reserved', 'retrying')), count(*) FILTER (WHERE state IN ('reserved', 'retrying'))
 			FROM "`+e.schema+`".deliveries`).Scan(&final, &open); err != nil {
 			t.Fatal(err)
 		}
@@ -152,7 +152,7 @@ func faultRun(t *testing.T, n int, idempotent bool, f faults) (*env, *receiver, 
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after %d kills: %d of %d messages final, %d still reserved", kills, final, n, open)
+			t.Fatalf("after %d kills: %d of %d messages final, %d still reserved or retrying", kills, final, n, open)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -25,8 +25,9 @@ import (
 )
 
 var (
-	_ relay.Sink = (*webhook.Sink)(nil)
-	_ relay.Sink = (*webhook.UnroutedSink)(nil)
+	_ relay.Sink       = (*webhook.Sink)(nil)
+	_ relay.LeaderWork = (*webhook.Sink)(nil)
+	_ relay.Sink       = (*webhook.UnroutedSink)(nil)
 )
 
 var secret = []byte("test-secret-0123456789")
@@ -281,9 +282,10 @@ func (r *receiver) snapshot() (requests, effects map[string]int, badSigs int) {
 const childEnv = "OUTBOXD_WEBHOOK_CHILD"
 
 type childSpec struct {
-	Schema     string `json:"schema"`
-	URL        string `json:"url"`
-	Idempotent bool   `json:"idempotent"`
+	Schema      string        `json:"schema"`
+	URL         string        `json:"url"`
+	Idempotent  bool          `json:"idempotent"`
+	RetryInline time.Duration `json:"retry_inline"` // 0: the default
 }
 
 func TestMain(m *testing.M) {
@@ -308,7 +310,9 @@ func runChild(spec string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	return runRelayChild(ctx, pool, c.Schema, destination("hook", c.URL, c.Idempotent))
+	d := destination("hook", c.URL, c.Idempotent)
+	d.RetryInline = c.RetryInline
+	return runRelayChild(ctx, pool, c.Schema, d)
 }
 
 // runRelayChild runs a relay for dests until ctx ends, as a child

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -16,6 +17,10 @@ const (
 	StateFailed    = "failed"    // the receiver refused it (4xx), or retries ran out
 	StateSkipped   = "skipped"   // the eligibility check said no; nothing was sent
 	StateUnknown   = "unknown"   // it may or may not have been received: an operator decides
+	// A retry is due at next_attempt_at: the message used up its in-line
+	// retries (Destination.RetryInline), its event is acknowledged, and
+	// the destination's leader sends it from the row (see Sink.Lead).
+	StateRetrying = "retrying"
 	// No live relay serves the destination (yet): the message waits, and
 	// the destination's sink takes it over once a relay serves it.
 	StateWaiting = "waiting"
@@ -84,30 +89,35 @@ func (l *ledger) read(ctx context.Context, dest, key string, id int64) (entry, e
 }
 
 // claim marks the next attempt as in flight, just before the request is
-// sent, if the row is still as this relay last saw it. Losing the claim
-// means another relay took the message over (after a failover).
+// sent, if the row is still as this relay last saw it (its state included:
+// reserved for a message of a page, retrying for a parked one). Losing the
+// claim means another relay took the message over (after a failover) or
+// an operator settled it.
 func (l *ledger) claim(ctx context.Context, dest, key string, id int64, seen entry) (bool, error) {
 	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
 		SET attempts = attempts + 1, in_flight = true, updated_at = now()
-		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = 'reserved'
-		  AND attempts = $4 AND in_flight = $5`, dest, key, id, seen.attempts, seen.inFlight)
+		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = $6
+		  AND attempts = $4 AND in_flight = $5`, dest, key, id, seen.attempts, seen.inFlight, seen.state)
 	if err != nil {
 		return false, fmt.Errorf("webhook: ledger: claim %s/%s: %w", dest, key, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
 
-// record stores an attempt's answer: state stays reserved when the
-// message will be tried again. It applies only to the attempt this relay
-// claimed (attempts = n): matched is false when another relay moved the
-// row on (took the message over, or settled it).
-func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, state string, status int, reason string, uncertain bool) (matched bool, err error) {
+// record stores an attempt's answer, moving the row from state from (the
+// one its claim saw) to state: reserved when the message will be tried
+// again in line, retrying when it is parked until wait from now (by the
+// database's clock), or a final state. It applies only to the attempt
+// this relay claimed (attempts = n): matched is false when another relay
+// or an operator moved the row on (took the message over, or settled it).
+func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, from, state string, wait time.Duration, status int, reason string, uncertain bool) (matched bool, err error) {
 	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
 		SET state = $5, in_flight = false, last_status = nullif($6, 0), last_error = nullif($7, ''),
 		    uncertain = uncertain OR $8, updated_at = now(),
-		    finished_at = CASE WHEN $5 = 'reserved' THEN NULL ELSE now() END
-		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = 'reserved' AND attempts = $4`,
-		dest, key, id, n, state, status, reason, uncertain)
+		    next_attempt_at = CASE WHEN $5 = 'retrying' THEN now() + make_interval(secs => $10) END,
+		    finished_at = CASE WHEN $5 IN ('reserved', 'retrying') THEN NULL ELSE now() END
+		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = $9 AND attempts = $4`,
+		dest, key, id, n, state, status, reason, uncertain, from, wait.Seconds())
 	if err != nil {
 		return false, fmt.Errorf("webhook: ledger: record %s/%s: %w", dest, key, err)
 	}

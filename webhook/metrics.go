@@ -75,8 +75,9 @@ func (m *Metrics) count(dest, state string) {
 // time, so every relay and the operator see the same numbers:
 // outboxd_messages_total{destination,state}, outboxd_messages_unknown
 // (outcomes waiting for an operator) and
-// outboxd_messages_oldest_reserved_seconds{destination} and
-// outboxd_webhook_waiting{destination} (messages no live relay serves).
+// outboxd_messages_oldest_reserved_seconds{destination} (reserved or
+// retrying: not yet final) and outboxd_webhook_waiting{destination}
+// (messages no live relay serves).
 type LedgerCollector struct {
 	pool   *pgxpool.Pool
 	schema string // quoted
@@ -88,9 +89,9 @@ type LedgerCollector struct {
 func NewLedgerCollector(pool *pgxpool.Pool, schemaIdent string) *LedgerCollector {
 	return &LedgerCollector{
 		pool: pool, schema: schemaIdent,
-		total:   prometheus.NewDesc("outboxd_messages_total", "Messages in the delivery ledger by destination and state (waiting, reserved, delivered, failed, skipped, unknown).", []string{"destination", "state"}, nil),
+		total:   prometheus.NewDesc("outboxd_messages_total", "Messages in the delivery ledger by destination and state (waiting, reserved, retrying, delivered, failed, skipped, unknown).", []string{"destination", "state"}, nil),
 		unknown: prometheus.NewDesc("outboxd_messages_unknown", "Messages whose outcome is unknown, waiting for an operator (outboxd deliveries list --state unknown).", nil, nil),
-		oldest:  prometheus.NewDesc("outboxd_messages_oldest_reserved_seconds", "Age of the oldest message still being delivered, by destination.", []string{"destination"}, nil),
+		oldest:  prometheus.NewDesc("outboxd_messages_oldest_reserved_seconds", "Age of the oldest message still being delivered (reserved, or retrying: parked between attempts), by destination.", []string{"destination"}, nil),
 		waiting: prometheus.NewDesc("outboxd_webhook_waiting", "Messages waiting for a relay that serves their destination (none live has it configured), by destination.", []string{"destination"}, nil),
 	}
 }
@@ -106,7 +107,7 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rows, err := c.pool.Query(ctx, `SELECT destination, state, count(*),
-			coalesce(extract(epoch FROM now() - min(reserved_at) FILTER (WHERE state = 'reserved')), 0)
+			coalesce(extract(epoch FROM now() - min(reserved_at) FILTER (WHERE state IN ('reserved', 'retrying'))), 0)
 		FROM `+c.schema+`.deliveries GROUP BY destination, state`)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.total, err)
@@ -114,6 +115,7 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	defer rows.Close()
 	var unknown float64
+	oldest := map[string]float64{}
 	for rows.Next() {
 		var dest, state string
 		var n int64
@@ -126,8 +128,8 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 		switch state {
 		case StateUnknown:
 			unknown += float64(n)
-		case StateReserved:
-			ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, dest)
+		case StateReserved, StateRetrying:
+			oldest[dest] = max(oldest[dest], age)
 		case StateWaiting:
 			ch <- prometheus.MustNewConstMetric(c.waiting, prometheus.GaugeValue, float64(n), dest)
 		}
@@ -135,6 +137,9 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 	if rows.Err() != nil {
 		ch <- prometheus.NewInvalidMetric(c.total, rows.Err())
 		return
+	}
+	for dest, age := range oldest {
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, dest)
 	}
 	ch <- prometheus.MustNewConstMetric(c.unknown, prometheus.GaugeValue, unknown)
 }

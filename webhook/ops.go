@@ -29,7 +29,9 @@ type Delivery struct {
 	ReservedAt  time.Time  `json:"reserved_at"`
 	UpdatedAt   time.Time  `json:"updated_at"`
 	FinishedAt  *time.Time `json:"finished_at,omitempty"`
-	ResolvedBy  string     `json:"resolved_by,omitempty"`
+	// NextAttemptAt is when a retrying message is due (the database's clock).
+	NextAttemptAt *time.Time `json:"next_attempt_at,omitempty"`
+	ResolvedBy    string     `json:"resolved_by,omitempty"`
 	// Warning is set by Resolve for a retry that may give a second effect.
 	Warning string `json:"warning,omitempty"`
 }
@@ -41,15 +43,15 @@ type Filter struct {
 	Limit       int // default 100
 }
 
-var states = []string{StateWaiting, StateReserved, StateDelivered, StateFailed, StateSkipped, StateUnknown}
+var states = []string{StateWaiting, StateReserved, StateRetrying, StateDelivered, StateFailed, StateSkipped, StateUnknown}
 
 const deliveryColumns = `destination, dedupe_key, event_id, state, attempts, uncertain, last_status, coalesce(last_error, ''),
-	cardinality(duplicates), reserved_at, updated_at, finished_at, coalesce(resolved_by, '')`
+	cardinality(duplicates), reserved_at, updated_at, finished_at, next_attempt_at, coalesce(resolved_by, '')`
 
 func scanDelivery(row pgx.Row) (Delivery, error) {
 	var d Delivery
 	err := row.Scan(&d.Destination, &d.DedupeKey, &d.EventID, &d.State, &d.Attempts, &d.Uncertain, &d.LastStatus, &d.LastError,
-		&d.Duplicates, &d.ReservedAt, &d.UpdatedAt, &d.FinishedAt, &d.ResolvedBy)
+		&d.Duplicates, &d.ReservedAt, &d.UpdatedAt, &d.FinishedAt, &d.NextAttemptAt, &d.ResolvedBy)
 	return d, err
 }
 
@@ -90,8 +92,9 @@ const (
 	ResolveRetry     = "retry"     // send it again: a new message with the same key takes the row (waiting until a sink takes it)
 )
 
-// Resolve settles one message that is unknown, failed or skipped, in one
-// transaction with an audit_log row. Retry appends the payload again as a
+// Resolve settles one message that is retrying (parked between attempts,
+// none in flight), unknown, failed or skipped, in one transaction with an
+// audit_log row: the destination's leader then sends it no more. Retry appends the payload again as a
 // new message that inherits the reservation, so the relay sends it once
 // more under the same Idempotency-Key. A retry of a message that was ever
 // unknown (resolved failed since, or retried and failed again) comes back
@@ -104,9 +107,9 @@ func Resolve(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, k
 // row that no relay works on any more (its destination's stream has no
 // leader: the caller checks): a leader that died mid-request leaves it
 // reserved until a relay serving the destination takes it over, and an
-// operator who has checked with the receiver need not wait for that. A
-// retry of a row whose request may have been written warns like one of an
-// unknown message.
+// operator who has checked with the receiver need not wait for that; so
+// is a retrying message whose retry was in flight. A retry of a row whose
+// request may have been written warns like one of an unknown message.
 func ResolveAbandoned(ctx context.Context, pool *pgxpool.Pool, schemaName, destination, key, action, operator string) (Delivery, error) {
 	return resolveOne(ctx, pool, schemaName, destination, key, action, operator, true)
 }
@@ -130,11 +133,16 @@ func resolveOne(ctx context.Context, pool *pgxpool.Pool, schemaName, destination
 		if err != nil {
 			return err
 		}
-		if row.state == StateReserved && reserved {
+		switch {
+		case row.state == StateReserved && reserved:
 			// in_flight or attempts > 0: a request may have been written.
 			row.onceUnknown = row.onceUnknown || row.attempted
-		} else if row.state == StateReserved || row.state == StateDelivered {
-			return fmt.Errorf("message %q for %s is %s: only unknown, failed or skipped messages can be resolved", key, destination, row.state)
+		case row.state == StateRetrying && row.inFlight && reserved:
+			row.onceUnknown = true // its last request may have been written
+		case row.state == StateRetrying && row.inFlight:
+			return fmt.Errorf("message %q for %s is retrying and a request of it is in flight: resolve it once that is answered", key, destination)
+		case row.state == StateReserved || row.state == StateDelivered:
+			return fmt.Errorf("message %q for %s is %s: only retrying, unknown, failed or skipped messages can be resolved", key, destination, row.state)
 		}
 		warning, err := settle(ctx, tx, id, row, action, operator)
 		if err != nil {
@@ -173,6 +181,7 @@ type ledgerRow struct {
 	eventID                 int64
 	onceUnknown             bool
 	attempted               bool // some attempt was claimed: a request may have been written
+	inFlight                bool // an attempt is claimed and not answered
 }
 
 // lockedRowColumns reads a ledgerRow; once_unknown is true when some
@@ -183,18 +192,18 @@ func lockedRowColumns(id string) string {
 	SELECT 1 FROM ` + id + `.audit_log a WHERE a.action LIKE 'deliveries.%' AND a.detail->>'from' = 'unknown'
 	  AND a.detail->>'destination' = deliveries.destination
 	  AND (a.detail->>'dedupe_key' = deliveries.dedupe_key OR a.detail->'keys' ? deliveries.dedupe_key)),
-	in_flight OR attempts > 0`
+	in_flight OR attempts > 0, in_flight`
 }
 
 func (r *ledgerRow) fields() []any {
-	return []any{&r.destination, &r.key, &r.state, &r.payload, &r.eventID, &r.onceUnknown, &r.attempted}
+	return []any{&r.destination, &r.key, &r.state, &r.payload, &r.eventID, &r.onceUnknown, &r.attempted, &r.inFlight}
 }
 
 // settle applies one resolution to a locked row and returns a warning for
 // a retry that may give a second effect.
 func settle(ctx context.Context, tx pgx.Tx, id string, row ledgerRow, action, operator string) (warning string, err error) {
 	if action != ResolveRetry {
-		_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = $3, finished_at = now(), updated_at = now(), resolved_by = $4,
+		_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = $3, finished_at = now(), updated_at = now(), resolved_by = $4, next_attempt_at = NULL,
 			last_error = concat_ws(' ', last_error, '(resolved ' || $3 || ' by ' || $4 || ')')
 			WHERE destination = $1 AND dedupe_key = $2`, row.destination, row.key, action, operator)
 		return "", err
@@ -207,7 +216,7 @@ func settle(ctx context.Context, tx pgx.Tx, id string, row ledgerRow, action, op
 	// when it reads the new message, and until a relay serves the
 	// destination it waits in plain view, its age from now.
 	_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = 'waiting', event_id = $3, attempts = 0, in_flight = false,
-		uncertain = false, finished_at = NULL, reserved_at = now(), updated_at = now(), resolved_by = $4,
+		uncertain = false, finished_at = NULL, reserved_at = now(), updated_at = now(), resolved_by = $4, next_attempt_at = NULL,
 		last_error = 'retry requested by ' || $4 || ' (was ' || state || ')'
 		WHERE destination = $1 AND dedupe_key = $2`, row.destination, row.key, next, operator)
 	if row.onceUnknown && row.state != StateDelivered {

@@ -304,7 +304,7 @@ func TestWebhookProof(t *testing.T) {
 	deadline := time.Now().Add(60*time.Second + time.Duration(n)*20*time.Millisecond)
 	var final, open int
 	for {
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state <> 'reserved'), count(*) FILTER (WHERE state = 'reserved')
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state NOT IN ('reserved', 'retrying')), count(*) FILTER (WHERE state IN ('reserved', 'retrying'))
 			FROM "`+e.schema+`".deliveries`).Scan(&final, &open); err != nil {
 			t.Fatal(err)
 		}

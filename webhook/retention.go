@@ -17,8 +17,8 @@ const DefaultLedgerRetention = 30 * 24 * time.Hour
 
 // PurgeLedger deletes, in batches of batchSize, the ledger rows that are
 // final (delivered, failed, skipped) and finished more than olderThan ago,
-// payload and all. Unknown, waiting and reserved rows are kept however old:
-// they wait for an operator or a relay.
+// payload and all. Unknown, waiting, reserved and retrying rows are kept
+// however old: they wait for an operator or a relay.
 //
 // The ledger is what keeps a replayed message from being sent twice, so
 // olderThan must be longer than every way a message comes back: the

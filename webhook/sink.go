@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/outbox"
@@ -30,8 +29,10 @@ type Options struct {
 }
 
 // Sink delivers the messages of one destination (the events of index
-// outbox.MessageIndex(name)); give it a stream of its own. See the package
-// doc for the ledger protocol.
+// outbox.MessageIndex(name)); give it a stream of its own, and run Lead
+// while that stream is led (package relay does: Sink is a
+// relay.LeaderWork), or parked messages are never retried. See the
+// package doc for the ledger protocol.
 type Sink struct {
 	dest    Destination
 	ledger  ledger
@@ -46,6 +47,7 @@ type Sink struct {
 	workers    chan struct{} // messages being handled, including backoff waits
 	limit      *limiter
 	breaker    *breaker
+	retryWake  chan struct{} // a message was parked: Lead looks for what is due
 }
 
 // NewSink checks o and returns the destination's sink.
@@ -97,16 +99,20 @@ func NewSink(o Options) (*Sink, error) {
 		requests: make(chan struct{}, d.Concurrency),
 		// Messages waiting out a backoff hold a worker, not a request slot,
 		// so one failing message never idles the destination.
-		workers: make(chan struct{}, 16*d.Concurrency),
-		limit:   newLimiter(d.Rate),
+		workers:   make(chan struct{}, 16*d.Concurrency),
+		limit:     newLimiter(d.Rate),
+		retryWake: make(chan struct{}, 1),
 	}, nil
 }
 
 // Write handles a page of messages concurrently and answers for each:
 // Applied once the ledger holds its final state (delivered, failed,
-// skipped or unknown), Stale for a duplicate key or a replay of a message
-// already final, Retry (Outage) when the ledger cannot be reached or the
-// relay is shutting down.
+// skipped or unknown) or has parked it as retrying (its in-line retries,
+// Destination.RetryInline, are used up: Lead sends it from there), Stale
+// for a duplicate key or a replay of a message already final or parked,
+// Retry (Outage) when the ledger cannot be reached or the relay is
+// shutting down. So a failing message holds its page, and the stream,
+// for at most RetryInline plus its last attempt.
 func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	outs := make([]outbox.Outcome, len(events))
 	// Of several messages with one key in a page, the earliest reserves
@@ -179,138 +185,7 @@ func (s *Sink) deliver(ctx context.Context, e *outbox.Event) outbox.Outcome {
 		}
 		return outbox.Outcome{Status: outbox.Stale, Reason: "already " + ent.state}
 	}
-	done := context.WithoutCancel(ctx) // what was sent is always recorded
-	if ent.inFlight {
-		// A relay stopped (or lost the stream) between claiming an attempt
-		// and recording its answer: the request may have been received.
-		ent.uncertain = true
-		if !s.dest.Idempotent {
-			return s.finish(done, e, ent.attempts, StateUnknown, 0, "the relay stopped while a request was in flight: it may have been received", true)
-		}
-	}
-	checkTries := 0
-	for {
-		if err := s.limit.wait(ctx); err != nil {
-			return outage(errShutdown)
-		}
-		if s.dest.Check != "" {
-			ok, err := s.eligible(ctx, key, e.Document)
-			var pgErr *pgconn.PgError
-			switch {
-			case errors.As(err, &pgErr) && transientSQLState(pgErr.Code) && checkTries+1 < s.dest.MaxAttempts:
-				// Says nothing about this message: run the check again.
-				checkTries++
-				s.log.Warn("webhook: check failed for a passing reason; running it again", "destination", name, "dedupe_key", key,
-					"sqlstate", pgErr.Code, "err", pgErr.Message)
-				select {
-				case <-time.After(checkRetryWait(s.dest, checkTries-1)):
-				case <-ctx.Done():
-					return outage(errShutdown)
-				}
-				continue
-			case errors.As(err, &pgErr):
-				return s.finish(done, e, ent.attempts, StateFailed, 0, fmt.Sprintf("check: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code), ent.uncertain)
-			case err != nil:
-				return outage(fmt.Errorf("webhook: check: %w", err))
-			case !ok:
-				return s.finish(done, e, ent.attempts, StateSkipped, 0, "check returned false: not sent", ent.uncertain)
-			}
-		}
-		probe, err := s.breaker.admit(ctx)
-		if err != nil {
-			return outage(errShutdown)
-		}
-		select {
-		case s.requests <- struct{}{}:
-		case <-ctx.Done():
-			s.breaker.result(probe, false)
-			return outage(errShutdown)
-		}
-		claimed, err := s.ledger.claim(ctx, name, key, e.ID, ent)
-		if err != nil || !claimed {
-			<-s.requests
-			s.breaker.result(probe, false)
-			if err != nil {
-				return outage(err)
-			}
-			// Another relay works on the message: never acknowledge it
-			// before its row is final; continue from the row's state.
-			next, out, over := s.takeOver(ctx, done, e, ent)
-			if over {
-				return out
-			}
-			ent = next
-			continue
-		}
-		n := ent.attempts + 1
-		start := time.Now()
-		a := s.post(done, key, e.Document)
-		a.reason = s.dest.Redact(a.reason) // a url.Error or an echoing receiver quotes the URL
-		<-s.requests
-		s.breaker.result(probe, a.verdict == vDelivered || a.verdict == vRefused)
-		s.metrics.observe(name, a, time.Since(start))
-		ent.attempts, ent.inFlight = n, false
-		switch a.verdict {
-		case vDelivered:
-			return s.finish(done, e, n, StateDelivered, a.status, "", ent.uncertain)
-		case vRefused:
-			return s.finish(done, e, n, StateFailed, a.status, a.reason, ent.uncertain)
-		case vUncertain:
-			ent.uncertain = true
-			if !s.dest.Idempotent {
-				return s.finish(done, e, n, StateUnknown, 0, a.reason, true)
-			}
-		}
-		if n >= s.dest.MaxAttempts {
-			final := StateFailed
-			if ent.uncertain {
-				final = StateUnknown
-			}
-			return s.finish(done, e, n, final, a.status, fmt.Sprintf("gave up after %d attempts: %s", n, a.reason), ent.uncertain)
-		}
-		matched, err := s.ledger.record(done, name, key, e.ID, n, StateReserved, a.status, a.reason, ent.uncertain)
-		if err != nil {
-			return outage(err)
-		}
-		if !matched {
-			next, out, over := s.takeOver(ctx, done, e, ent)
-			if over {
-				return out
-			}
-			ent = next
-			continue
-		}
-		wait := max(backoff(s.dest.BackoffBase, s.dest.BackoffMax, n-1), min(a.retryAfter, 10*time.Minute))
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return outage(errShutdown)
-		}
-	}
-}
-
-// finish records a final state; the relay may then acknowledge the message.
-func (s *Sink) finish(ctx context.Context, e *outbox.Event, n int, state string, status int, reason string, uncertain bool) outbox.Outcome {
-	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, n, state, status, reason, uncertain)
-	if err != nil {
-		return outage(err)
-	}
-	if !matched {
-		// Another relay moved the row on (took the message over, or an
-		// operator settled it): this answer is not the message's outcome.
-		s.log.Warn("webhook: answer not recorded: another relay or an operator moved the message on", "destination", s.dest.Name,
-			"dedupe_key", e.SourceID, "event_id", e.ID, "state", state, "reason", reason)
-		ent, _, over := s.takeOver(ctx, ctx, e, entry{eventID: e.ID, state: StateReserved, attempts: n})
-		if !over {
-			return outbox.Outcome{Status: outbox.Retry, Reason: fmt.Sprintf("message %s/%s still reserved at attempt %d", s.dest.Name, e.SourceID, ent.attempts)}
-		}
-		return outbox.Outcome{Status: outbox.Stale, Reason: "settled by another relay or an operator"}
-	}
-	s.metrics.count(s.dest.Name, state)
-	if state != StateDelivered {
-		s.log.Warn("webhook: message not delivered", "destination", s.dest.Name, "dedupe_key", e.SourceID, "state", state, "reason", reason)
-	}
-	return applied
+	return s.send(ctx, e, ent, s.dest.RetryInline)
 }
 
 // backoff is base * 2^n with full jitter in [d/2, d], capped at max.
@@ -372,44 +247,4 @@ func poison(e *outbox.Event) string {
 		return "payload: not a JSON object"
 	}
 	return ""
-}
-
-// takeOver continues a message whose ledger row another relay moved on.
-// over is true when the message is finished here (out is its outcome);
-// otherwise next is the row to continue from. A row final, or held by
-// another message, is acknowledged; a claim still in flight is waited
-// for, up to the request timeout and a margin, after which its relay is
-// taken to be gone: the request may have been written, so a
-// non-idempotent message becomes unknown, never re-sent.
-func (s *Sink) takeOver(ctx, done context.Context, e *outbox.Event, seen entry) (next entry, out outbox.Outcome, over bool) {
-	name, key := s.dest.Name, e.SourceID
-	var waitedOn entry
-	waited := false
-	for {
-		row, err := s.ledger.read(done, name, key, e.ID)
-		if err != nil {
-			return seen, outage(fmt.Errorf("webhook: ledger: read %s/%s: %w", name, key, err)), true
-		}
-		switch {
-		case row.eventID != e.ID:
-			return row, outbox.Outcome{Status: outbox.Stale, Reason: fmt.Sprintf("the key is now held by message %d", row.eventID)}, true
-		case row.state != StateReserved:
-			return row, outbox.Outcome{Status: outbox.Stale, Reason: "finished by another relay: " + row.state}, true
-		case !row.inFlight:
-			return row, outbox.Outcome{}, false
-		case waited && row.attempts == waitedOn.attempts:
-			// The same claim outlived its request's timeout: its relay is gone.
-			row.uncertain = true
-			if s.dest.Idempotent {
-				return row, outbox.Outcome{}, false
-			}
-			return row, s.finish(done, e, row.attempts, StateUnknown, 0, "the relay sending it was lost while a request was in flight: it may have been received", true), true
-		}
-		waitedOn, waited = row, true
-		select {
-		case <-time.After(s.dest.Timeout + time.Second):
-		case <-ctx.Done():
-			return row, outage(errShutdown), true
-		}
-	}
 }

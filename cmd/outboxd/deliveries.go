@@ -20,7 +20,7 @@ func init() {
 }
 
 const deliveriesUsage = `Usage:
-  outboxd deliveries list    [--state waiting|reserved|delivered|failed|skipped|unknown] [--destination D] [--limit 100] [--json]
+  outboxd deliveries list    [--state waiting|reserved|retrying|delivered|failed|skipped|unknown] [--destination D] [--limit 100] [--json]
   outboxd deliveries resolve KEY --destination D (--delivered | --failed | --retry) [--operator NAME] [--json]
 
 The delivery ledger has one row per (destination, dedupe key). A message whose request may have
@@ -28,7 +28,9 @@ reached a receiver that does not dedupe (a timeout or a reset after sending, or 
 mid-request) is "unknown" and is never sent again on its own: check with the receiver, then
 resolve it --delivered (it arrived), --failed (give up) or --retry (send it again under the same
 Idempotency-Key). Failed and skipped messages can be resolved the same way, and so can a
-reserved one while no relay leads its destination's stream (a leader died mid-request). A message retried
+retrying one (parked between attempts: NEXT ATTEMPT says when its destination's leader sends it
+again), and a reserved one while no relay leads its destination's stream (a leader died
+mid-request). A message retried
 (or appended) for a destination no live relay serves is "waiting" until a relay with that
 --destination starts. Every resolution is recorded in audit_log with the operator (--operator,
 default the OS user). A --retry of a message that was ever unknown warns: the receiver may
@@ -65,7 +67,7 @@ func deliveries(ctx context.Context, args []string, out io.Writer) error {
 	var operator, since string
 	switch action {
 	case "list":
-		fs.StringVar(&f.State, "state", "", "only this state: waiting, reserved, delivered, failed, skipped or unknown")
+		fs.StringVar(&f.State, "state", "", "only this state: waiting, reserved, retrying, delivered, failed, skipped or unknown")
 		fs.IntVar(&f.Limit, "limit", 100, "rows at most, oldest first")
 	case "resolve":
 		fs.BoolVar(&delivered, "delivered", false, "the receiver has it")
@@ -73,7 +75,7 @@ func deliveries(ctx context.Context, args []string, out io.Writer) error {
 		fs.BoolVar(&retry, "retry", false, "send it again under the same Idempotency-Key")
 		fs.StringVar(&operator, "operator", "", "who acts, for the audit log (default: the OS user)")
 		fs.BoolVar(&all, "all", false, "every message of --destination in --state (instead of one KEY)")
-		fs.StringVar(&f.State, "state", "", "with --all: unknown, failed or skipped")
+		fs.StringVar(&f.State, "state", "", "with --all: retrying, unknown, failed or skipped")
 		fs.StringVar(&since, "since", "", "with --all: only messages finished since this RFC 3339 time or duration ago (2h)")
 	case "replay":
 		fs.StringVar(&f.State, "state", webhook.StateDelivered, "re-send the messages in this state: delivered or failed")
@@ -208,14 +210,17 @@ func deliveries(ctx context.Context, args []string, out io.Writer) error {
 		return indentJSON(out, ds)
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "DESTINATION\tKEY\tSTATE\tATTEMPTS\tHTTP\tDUPLICATES\tRESERVED\tLAST ERROR")
+	fmt.Fprintln(w, "DESTINATION\tKEY\tSTATE\tATTEMPTS\tHTTP\tDUPLICATES\tRESERVED\tNEXT ATTEMPT\tLAST ERROR")
 	for _, d := range ds {
-		code := "-"
+		code, next := "-", "-"
 		if d.LastStatus != nil {
 			code = fmt.Sprint(*d.LastStatus)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\n", d.Destination, d.DedupeKey, d.State, d.Attempts, code, d.Duplicates,
-			d.ReservedAt.UTC().Format("2006-01-02 15:04:05"), clipLine(d.LastError, 80))
+		if d.NextAttemptAt != nil {
+			next = d.NextAttemptAt.UTC().Format("2006-01-02 15:04:05")
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", d.Destination, d.DedupeKey, d.State, d.Attempts, code, d.Duplicates,
+			d.ReservedAt.UTC().Format("2006-01-02 15:04:05"), next, clipLine(d.LastError, 80))
 	}
 	if err := w.Flush(); err != nil {
 		return err

@@ -19,7 +19,8 @@ func TestAdminMessages(t *testing.T) {
 	_, err := e.pool.Exec(context.Background(), `INSERT INTO "`+e.schema+`".deliveries (destination, dedupe_key, event_id, payload, state, reserved_at)
 		VALUES ('billing', 'a', 1, '{}', 'delivered', now()), ('billing', 'b', 2, '{}', 'delivered', now()),
 		       ('billing', 'c', 3, '{}', 'unknown', now()), ('billing', 'd', 4, '{}', 'reserved', now() - interval '1 minute'),
-		       ('mailer', 'e', 5, '{}', 'failed', now()), ('mailer', 'f', 6, '{}', 'skipped', now())`)
+		       ('mailer', 'e', 5, '{}', 'failed', now()), ('mailer', 'f', 6, '{}', 'skipped', now()),
+		       ('mailer', 'g', 7, '{}', 'retrying', now() - interval '2 minutes')`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func TestAdminMessages(t *testing.T) {
 		}
 		b, m := s.Messages[0], s.Messages[1]
 		if b.Destination != "billing" || b.Delivered != 2 || b.Unknown != 1 || b.Reserved != 1 || b.OldestReserved < 59 ||
-			m.Destination != "mailer" || m.Failed != 1 || m.Skipped != 1 {
+			m.Destination != "mailer" || m.Failed != 1 || m.Skipped != 1 || m.Retrying != 1 || m.OldestReserved < 119 {
 			t.Fatalf("messages = %+v", s.Messages)
 		}
 	})
@@ -56,6 +57,10 @@ func TestAdminMessages(t *testing.T) {
 		}
 		if got := shown(t, row, `data-metric="delivered"[^>]*>([^<]*)</td>`); got != 2 {
 			t.Fatalf("billing shows %v delivered", got)
+		}
+		mailer := regexp.MustCompile(`(?s)<tr data-destination="mailer">.*?</tr>`).FindString(dom)
+		if got := shown(t, mailer, `data-metric="retrying"[^>]*>([^<]*)</td>`); got != 1 {
+			t.Fatalf("mailer shows %v retrying", got)
 		}
 	})
 	t.Run("/metrics has the ledger gauges", func(t *testing.T) {

@@ -127,6 +127,7 @@ type MessageView struct {
 	Destination    string  `json:"destination"`
 	Waiting        float64 `json:"waiting"` // no live relay serves the destination
 	Reserved       float64 `json:"reserved"`
+	Retrying       float64 `json:"retrying"` // parked between attempts until their next one
 	Delivered      float64 `json:"delivered"`
 	Failed         float64 `json:"failed"`
 	Skipped        float64 `json:"skipped"`
@@ -140,6 +141,8 @@ func (v *MessageView) add(state string, n float64) {
 		v.Waiting += n
 	case "reserved":
 		v.Reserved += n
+	case "retrying":
+		v.Retrying += n
 	case "delivered":
 		v.Delivered += n
 	case "failed":
