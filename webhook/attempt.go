@@ -36,7 +36,7 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 		}
 	}
 	began := time.Now()
-	checkTries := 0
+	checkTries, unsent := 0, 0
 	for {
 		if err := s.limit.wait(ctx); err != nil {
 			return outage(errShutdown)
@@ -109,6 +109,41 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 				return s.finish(done, e, ent, StateUnknown, 0, a.reason)
 			}
 		}
+		if a.unsent {
+			// No byte reached the receiver (refused, DNS, TLS, a dead
+			// kept-alive connection): the attempt is not charged, so a
+			// receiver that is down fails no message. A receiver no
+			// request reaches is the destination's outage: past the
+			// in-line budget a page's message goes back to the relay, a
+			// parked one stays parked.
+			unsent++
+			wait := backoff(s.dest.BackoffBase, s.dest.BackoffMax, max(unsent, n)-1)
+			if time.Since(began)+wait > inline && ent.state == StateRetrying {
+				return s.park(done, e, ent, wait, a)
+			}
+			matched, err := s.ledger.record(done, name, key, e.ID, n, ent.state, ent.state, 0, a.status, a.reason, ent.uncertain, true)
+			if err != nil {
+				return outage(err)
+			}
+			if !matched {
+				next, out, over := s.takeOver(ctx, done, e, ent)
+				if over {
+					return out
+				}
+				ent = next
+				continue
+			}
+			ent.attempts = n - 1
+			if time.Since(began)+wait > inline {
+				return outage(fmt.Errorf("webhook: destination %s: the receiver cannot be reached: %s", name, a.reason))
+			}
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return outage(errShutdown)
+			}
+			continue
+		}
 		if n >= s.dest.MaxAttempts {
 			final := StateFailed
 			if ent.uncertain {
@@ -120,7 +155,7 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 		if time.Since(began)+wait > inline {
 			return s.park(done, e, ent, wait, a)
 		}
-		matched, err := s.ledger.record(done, name, key, e.ID, n, ent.state, StateReserved, 0, a.status, a.reason, ent.uncertain)
+		matched, err := s.ledger.record(done, name, key, e.ID, n, ent.state, StateReserved, 0, a.status, a.reason, ent.uncertain, false)
 		if err != nil {
 			return outage(err)
 		}
@@ -143,7 +178,7 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 // finish records a final state for the attempt ent.attempts; the relay
 // may then acknowledge the message.
 func (s *Sink) finish(ctx context.Context, e *outbox.Event, ent entry, state string, status int, reason string) outbox.Outcome {
-	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, state, 0, status, reason, ent.uncertain)
+	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, state, 0, status, reason, ent.uncertain, false)
 	if err != nil {
 		return outage(err)
 	}
@@ -161,7 +196,7 @@ func (s *Sink) finish(ctx context.Context, e *outbox.Event, ent entry, state str
 // wait, by the destination's leader (Lead), and acknowledges the message:
 // its row, payload and attempts included, now holds it durably.
 func (s *Sink) park(ctx context.Context, e *outbox.Event, ent entry, wait time.Duration, a attempt) outbox.Outcome {
-	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, StateRetrying, wait, a.status, a.reason, ent.uncertain)
+	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, StateRetrying, wait, a.status, a.reason, ent.uncertain, a.unsent)
 	if err != nil {
 		return outage(err)
 	}

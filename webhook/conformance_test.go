@@ -22,14 +22,6 @@ import (
 	"github.com/outboxd/outboxd/webhook"
 )
 
-// receiverOutageViolation is how the sink breaks the contract when its
-// receiver is away: see TestConformance.
-const receiverOutageViolation = "a receiver that refuses connections for longer than the destination's " +
-	"attempts (MaxAttempts with backoff: 8 from 500ms, about a minute, by default) gets every message " +
-	"it was sent marked failed in the ledger, and Write answers Applied for them: the relay acknowledges " +
-	"messages that were never received, and nothing sends them again (deliveries replay by hand); a " +
-	"breaker only slows it down, as each probe is charged an attempt"
-
 // TestConformance runs the sink conformance suite against a loopback
 // receiver and the real PostgreSQL ledger, each behind a TCP proxy: the
 // receiver's can stall requests (held and lost: the client times out)
@@ -39,8 +31,8 @@ const receiverOutageViolation = "a receiver that refuses connections for longer 
 // lost is sent again under its key, so a cancelled Write leaves no
 // message unknown.
 //
-// The receiver outage is a known violation (receiverOutageViolation); it
-// is skipped unless OUTBOXD_CONFORMANCE_KNOWN=1.
+// A receiver that refuses connections is the destination's outage: its
+// attempts are not charged and the messages go back to the relay.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	relaytest.Exercise(t, func(t *testing.T) relaytest.Harness {
@@ -70,7 +62,7 @@ func TestConformance(t *testing.T) {
 			Observe: func(t *testing.T, key string) relaytest.Effect { return rcv.effect(key) },
 			Outages: []relaytest.Outage{
 				{Name: "the ledger's PostgreSQL refuses connections", Begin: func(*testing.T) func() { return pgProxy.Cut() }},
-				{Name: "the receiver refuses connections", Begin: func(*testing.T) func() { return rcvProxy.Cut() }, KnownViolation: receiverOutageViolation},
+				{Name: "the receiver refuses connections", Begin: func(*testing.T) func() { return rcvProxy.Cut() }},
 			},
 			Stall: func(*testing.T) (<-chan struct{}, func()) { return rcvProxy.Stall() },
 			// Requests in flight run to their own timeout, so that their

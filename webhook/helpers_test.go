@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,6 +80,22 @@ func (e *env) waitState(t *testing.T, dest, key, state string) webhook.Delivery 
 		d = e.delivery(t, dest, key)
 		return d.State == state
 	})
+	return d
+}
+
+// waitUnsent waits until dest/key records an attempt that never reached
+// its receiver: the message stays reserved, charged no attempt.
+func (e *env) waitUnsent(t *testing.T, dest, key string) webhook.Delivery {
+	t.Helper()
+	var d webhook.Delivery
+	schematest.Eventually(t, 20*time.Second, fmt.Sprintf("%s/%s records a request not sent", dest, key), func() bool {
+		d = e.delivery(t, dest, key)
+		// Between a claim and its answer the row shows attempts 1.
+		return strings.Contains(d.LastError, "request not sent") && d.Attempts == 0 || d.State != webhook.StateReserved
+	})
+	if d.State != webhook.StateReserved || d.Attempts != 0 {
+		t.Fatalf("%s/%s: %s after %d attempts; a request that never reached the receiver must charge none and fail nothing", dest, key, d.State, d.Attempts)
+	}
 	return d
 }
 

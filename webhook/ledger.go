@@ -110,14 +110,19 @@ func (l *ledger) claim(ctx context.Context, dest, key string, id int64, seen ent
 // database's clock), or a final state. It applies only to the attempt
 // this relay claimed (attempts = n): matched is false when another relay
 // or an operator moved the row on (took the message over, or settled it).
-func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, from, state string, wait time.Duration, status int, reason string, uncertain bool) (matched bool, err error) {
+//
+// unsent says no byte of the request reached the receiver: the claim is
+// undone (attempts back to n-1), so an unreachable receiver charges a
+// message no attempt, and MaxAttempts counts requests receivers got.
+func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, from, state string, wait time.Duration, status int, reason string, uncertain, unsent bool) (matched bool, err error) {
 	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
 		SET state = $5, in_flight = false, last_status = nullif($6, 0), last_error = nullif($7, ''),
+		    attempts = CASE WHEN $11 THEN attempts - 1 ELSE attempts END,
 		    uncertain = uncertain OR $8, updated_at = now(),
 		    next_attempt_at = CASE WHEN $5 = 'retrying' THEN now() + make_interval(secs => $10) END,
 		    finished_at = CASE WHEN $5 IN ('reserved', 'retrying') THEN NULL ELSE now() END
 		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = $9 AND attempts = $4`,
-		dest, key, id, n, state, status, reason, uncertain, from, wait.Seconds())
+		dest, key, id, n, state, status, reason, uncertain, from, wait.Seconds(), unsent)
 	if err != nil {
 		return false, fmt.Errorf("webhook: ledger: record %s/%s: %w", dest, key, err)
 	}

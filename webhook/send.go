@@ -81,6 +81,7 @@ type attempt struct {
 	status     int
 	reason     string
 	retryAfter time.Duration
+	unsent     bool // no byte of the request reached the receiver
 }
 
 // newClient is the destination's HTTP client: its timeout bounds the whole
@@ -142,7 +143,7 @@ func (s *Sink) post(ctx context.Context, key string, body []byte) attempt {
 		if judge(exchange{wrote: wrote, err: err}, s.dest.Retry5xx) == vUncertain {
 			return attempt{verdict: vUncertain, reason: "no answer after the request was sent: " + err.Error()}
 		}
-		return attempt{verdict: vRetry, reason: "request not sent: " + err.Error()}
+		return attempt{verdict: vRetry, unsent: true, reason: "request not sent: " + err.Error()}
 	}
 	defer resp.Body.Close()
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 300))

@@ -210,7 +210,12 @@ func TestWebhookDelivery(t *testing.T) {
 		l.Close() // nothing listens: connection refused
 		e.run(t, destination("orders", "http://"+addr+"/hook", false))
 		e.send(t, "orders", "k", `{}`)
-		schematest.Eventually(t, 10*time.Second, "a few refused attempts", func() bool { return e.delivery(t, "orders", "k").Attempts >= 2 })
+		schematest.Eventually(t, 10*time.Second, "a refused attempt recorded", func() bool {
+			return strings.Contains(e.delivery(t, "orders", "k").LastError, "request not sent")
+		})
+		if d := e.delivery(t, "orders", "k"); d.Attempts != 0 || d.State != webhook.StateReserved {
+			t.Fatalf("refused attempts charged the message: %+v; want 0 attempts, still reserved", d)
+		}
 		l, err = net.Listen("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
@@ -219,8 +224,8 @@ func TestWebhookDelivery(t *testing.T) {
 		go srv.Serve(l)
 		defer srv.Close()
 		d := e.waitState(t, "orders", "k", webhook.StateDelivered)
-		if d.Uncertain {
-			t.Fatalf("a refused connection made the outcome uncertain: %+v", d)
+		if d.Uncertain || d.Attempts != 1 {
+			t.Fatalf("a refused connection made the outcome uncertain, or was charged: %+v; want 1 attempt, certain", d)
 		}
 	})
 
