@@ -183,6 +183,22 @@ func (e *env) steady(t *testing.T, intervals int, streams []string, rs []*balanc
 	}
 }
 
+// abc starts A and B with s1, s2, s3 and then C with s1 and s3, one after
+// the other, and waits until every stream is led, one per relay. (With
+// shares counted over all relays, A and B were each at a share of one and
+// s2 stayed unled.)
+func (e *env) abc(t *testing.T) (a, b, c *balanced) {
+	t.Helper()
+	all := []string{"s1", "s2", "s3"}
+	a = e.balanced(t, "A", "s1", "s2", "s3")
+	e.settle(t, "A alone leads its three streams", all, []*balanced{a}, leading(map[string]int{"A": 3}))
+	b = e.balanced(t, "B", "s1", "s2", "s3")
+	e.settle(t, "A and B share the three streams", all, []*balanced{a, b}, leading(map[string]int{"A": 2, "B": 1}))
+	c = e.balanced(t, "C", "s1", "s3")
+	e.settle(t, "with C every stream is led, one per relay", all, []*balanced{a, b, c}, leading(map[string]int{"A": 1, "B": 1, "C": 1}))
+	return a, b, c
+}
+
 func TestBalancerLeadsEveryStreamItCan(t *testing.T) {
 	t.Parallel()
 	all := []string{"s1", "s2", "s3"}
@@ -190,24 +206,15 @@ func TestBalancerLeadsEveryStreamItCan(t *testing.T) {
 	t.Run("with relays that share only some streams every stream gets a leader and keeps it", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		a := e.balanced(t, "A", "s1", "s2", "s3")
-		e.settle(t, "A alone leads its three streams", all, []*balanced{a}, leading(map[string]int{"A": 3}))
-		b := e.balanced(t, "B", "s1", "s2", "s3")
-		e.settle(t, "A and B share the three streams", all, []*balanced{a, b}, leading(map[string]int{"A": 2, "B": 1}))
-		c := e.balanced(t, "C", "s1", "s3")
-		rs := []*balanced{a, b, c}
-		e.settle(t, "with C every stream is led, one per relay", all, rs, leading(map[string]int{"A": 1, "B": 1, "C": 1}))
-		e.steady(t, 20, all, rs)
+		a, b, c := e.abc(t)
+		e.steady(t, 20, all, []*balanced{a, b, c})
 	})
 
 	t.Run("relays killed and brought back: every stream is led meanwhile and the spread recovers", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		a := e.balanced(t, "A", "s1", "s2", "s3")
-		b := e.balanced(t, "B", "s1", "s2", "s3")
-		c := e.balanced(t, "C", "s1", "s3")
+		a, b, c := e.abc(t)
 		rs := []*balanced{a, b, c}
-		e.settle(t, "three relays", all, rs, leading(map[string]int{"A": 1, "B": 1, "C": 1}))
 
 		c.gate.cut()
 		e.settle(t, "C's sessions gone: A and B lead all three", all, rs, leading(map[string]int{"C": 0}))
@@ -237,11 +244,8 @@ func TestBalancerLeadsEveryStreamItCan(t *testing.T) {
 	t.Run("after every session is lost at once the relays come back one by one and spread again", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		a := e.balanced(t, "A", "s1", "s2", "s3")
-		b := e.balanced(t, "B", "s1", "s2", "s3")
-		c := e.balanced(t, "C", "s1", "s3")
+		a, b, c := e.abc(t)
 		rs := []*balanced{a, b, c}
-		e.settle(t, "three relays", all, rs, leading(map[string]int{"A": 1, "B": 1, "C": 1}))
 		for _, r := range rs {
 			r.gate.cut()
 		}
