@@ -74,13 +74,13 @@ func (r *Relay) register(ctx context.Context) error {
 }
 
 // fleet is this relay's reading of the others (see look), kept for a
-// quarter lease interval: every stream's contender and leader consult it
-// once per lease interval.
+// quarter lease interval (every stream's contender and leader consult it
+// once per lease interval), or a whole one after a failed reading.
 type fleet struct {
 	self atomic.Int64 // backend pid of this relay's membership session
 
 	mu    sync.Mutex
-	at    time.Time
+	until time.Time // when last is to be read again
 	last  look
 	unled map[string]time.Time // this relay's streams seen without a leader, since when
 }
@@ -94,15 +94,17 @@ func (r *Relay) look(ctx context.Context, member *membership) look {
 	f := &r.fleet
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.at.IsZero() && time.Since(f.at) < r.cfg.LeaseInterval/4 {
+	if time.Now().Before(f.until) {
 		return f.last
 	}
 	l, err := r.readFleet(ctx, member)
+	keep := r.cfg.LeaseInterval / 4
 	if err != nil {
 		if ctx.Err() == nil {
 			r.log.Warn("relay: cannot read which relays serve and lead which streams; balancing as if alone", "err", err)
 		}
 		l = look{share: len(r.cfg.Streams)}
+		keep = r.cfg.LeaseInterval
 	}
 	if f.unled == nil {
 		f.unled = map[string]time.Time{}
@@ -123,7 +125,7 @@ func (r *Relay) look(ctx context.Context, member *membership) look {
 			l.unled[s.Name] = t
 		}
 	}
-	f.last, f.at = l, now
+	f.last, f.until = l, now.Add(keep)
 	return l
 }
 
