@@ -83,9 +83,7 @@
 // progress, so two relays never both advance a stream; it pings that
 // session twice per LeaseInterval, so even an idle leader stops calling
 // itself leader within one interval of losing it. Streams partition
-// the outbox by 1024 hash buckets of source_id (Partitions); every relay
-// process counts the live relays (a shared advisory lock each holds) and
-// leads at most its fair share, handing extra streams to newcomers.
+// the outbox by 1024 hash buckets of source_id (Partitions).
 // Streams also split the outbox by index name (Stream.Indexes and
 // Stream.Exclude, with "prefix*" entries), each with its own Sink if it
 // likes: outboxd gives every webhook destination a stream of its own and
@@ -94,6 +92,31 @@
 // implements LeaderWork gets its Lead run for as long as the process leads
 // the stream (a webhook sink retries its parked messages there); the
 // stream is given up only once Lead has returned.
+//
+// # Balancing
+//
+// Live relays hold a shared advisory lock each and advertise the streams
+// they can lead (<schema>.relays), and they may serve different streams
+// (a rolling deploy that adds a destination adds a stream). Shares are
+// counted per stream, from the relays that can lead it: a relay's share
+// is its load in the most even split of every live relay's streams among
+// the relays that can lead them, rounded up (with one configuration
+// everywhere, ceil(streams / relays)). The contract (see balance.go):
+//
+//   - no stream stays unled while a live relay can lead it: a relay with
+//     room stands by for it (a shared standby lock on its connection) and
+//     takes it; one without room takes a stream nobody leads or stands by
+//     for after a lease interval, beyond its share;
+//   - a stream only one live relay can lead is always led by it and never
+//     handed away;
+//   - a relay above its share hands a stream only to a standby, one per
+//     lease interval, so nobody takes a stream back and no two relays
+//     fight over one; once the fleet is steady no relay stays above its
+//     share while a relay that can take one of its streams has room.
+//
+// So after a failover the first relay back leads every stream while the
+// others are away, and hands streams over as they return until it is down
+// to its share.
 //
 // # Versions
 //

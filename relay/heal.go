@@ -157,9 +157,10 @@ func (r *Relay) retryWait(failures int) time.Duration {
 }
 
 // membership is this process's shared lock on the relays' member key, on a
-// session of its own. When that session dies with the server the lock goes
-// with it; counting rejoins, so that the other relays keep counting this
-// one and the partitions stay fairly shared after a restart.
+// session of its own, which also reads the fleet for the balancer. When
+// that session dies with the server the lock goes with it; the next
+// reading rejoins, so that the other relays keep counting this one and the
+// streams stay fairly shared after a restart.
 type membership struct {
 	r    *Relay
 	mu   sync.Mutex // serializes use of conn
@@ -183,18 +184,19 @@ func (m *membership) join(ctx context.Context) error {
 	return nil
 }
 
-// count returns the number of live relays on the schema, rejoining first
-// when this process's own membership session is gone.
-func (m *membership) count(ctx context.Context) (int, error) {
+// do runs fn on the membership session, rejoining first when this
+// process's session is gone, so that the other relays keep counting this
+// one after a restart.
+func (m *membership) do(ctx context.Context, fn func(conn *pgx.Conn) error) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.conn == nil || m.conn.IsClosed() {
 		if err := m.join(ctx); err != nil {
-			return 0, err
+			return err
 		}
 		m.r.log.Info("relay: rejoined the relays after losing the database session")
 	}
-	return countMembers(ctx, m.conn, m.r.member)
+	return fn(m.conn)
 }
 
 func (m *membership) close(ctx context.Context) {

@@ -17,14 +17,22 @@ import (
 // two relays never both advance one stream.
 //
 // Membership is a shared advisory lock every relay process holds on the
-// schema's member key; counting its holders gives the number of live relays, from
-// which each derives its fair share of the partitions.
+// schema's member key: a relay whose row in <schema>.relays belongs to a
+// holder is live (see members.go). A relay with room for a stream it does
+// not lead holds the stream's standby key shared on the connection it
+// stands by with (see balance.go), so a leader above its share knows whom
+// it may hand the stream to.
 
-// streamKey is the stream's 64-bit advisory lock key, and memberKey the
-// key every relay on the schema holds shared. 64 bits make a collision
-// between two stream names (one of them never led) negligible.
+// streamKey is the stream's 64-bit advisory lock key, standbyKey the key
+// its standbys hold shared, and memberKey the key every relay on the
+// schema holds shared. 64 bits make a collision between two stream names
+// (one of them never led) negligible.
 func streamKey(schemaName, stream string) int64 {
 	return hash64("outboxd.stream\x00" + schemaName + "\x00" + stream)
+}
+
+func standbyKey(schemaName, stream string) int64 {
+	return hash64("outboxd.standby\x00" + schemaName + "\x00" + stream)
 }
 
 func memberKey(schemaName string) int64 {
@@ -55,16 +63,6 @@ func tryLock(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) {
 func joinMembers(ctx context.Context, conn *pgx.Conn, key int64) error {
 	_, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1)`, key)
 	return err
-}
-
-// countMembers counts live relay processes on this schema.
-func countMembers(ctx context.Context, conn *pgx.Conn, key int64) (int, error) {
-	var n int
-	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks l WHERE `+lockWhere("l", "$1::bigint"), key).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("relay: count relays: %w", err)
-	}
-	return n, nil
 }
 
 // StreamLeader is who holds a stream's lock, as seen from PostgreSQL.

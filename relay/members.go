@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,9 +19,8 @@ import (
 // deploy that adds a destination. Each relay therefore advertises the
 // streams it can lead in <schema>.relays, keyed by the backend pid of its
 // membership session (a row counts while that pid holds the member lock).
-// The balancer uses it: a stream no other live relay can lead is this
-// relay's alone, always led and never handed away, and not counted in the
-// fair share of the streams the relays have in common.
+// The balancer (balance.go) counts every share per stream from it: which
+// live relays can lead which streams.
 
 // liveRelay matches the rows of <schema>.relays (aliased m) whose session
 // holds the member lock $key.
@@ -73,69 +73,155 @@ func (r *Relay) register(ctx context.Context) error {
 	return nil
 }
 
-// fleet is this relay's view of the others: for each of its streams, how
-// many other live relays can lead it. It is read at most once per lease
-// interval; when it cannot be read, every stream counts as shared (the
-// balance of relays with one configuration).
+// fleet is this relay's reading of the others (see look), kept for a
+// quarter lease interval (every stream's contender and leader consult it
+// once per lease interval), or a whole one after a failed reading.
 type fleet struct {
-	mu     sync.Mutex
-	self   int // backend pid of this relay's membership session
-	at     time.Time
-	others map[string]int
+	self atomic.Int64 // backend pid of this relay's membership session
+
+	mu    sync.Mutex
+	until time.Time // when last is to be read again
+	last  look
+	unled map[string]time.Time // this relay's streams seen without a leader, since when
 }
 
-func (f *fleet) setSelf(pid int) {
-	f.mu.Lock()
-	f.self, f.at = pid, time.Time{}
-	f.mu.Unlock()
-}
+func (f *fleet) setSelf(pid int) { f.self.Store(int64(pid)) }
 
-// exclusive lists this relay's streams that no other live relay can lead.
-func (r *Relay) exclusive(ctx context.Context) map[string]bool {
+// look returns the fleet as this relay balances by it. When it cannot be
+// read this relay balances as if alone (a share of all its streams, no
+// hand-over): the locks still keep every stream to one leader.
+func (r *Relay) look(ctx context.Context, member *membership) look {
 	f := &r.fleet
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.self != 0 && time.Since(f.at) >= r.cfg.LeaseInterval {
-		names := make([]string, len(r.cfg.Streams))
-		for i, s := range r.cfg.Streams {
-			names[i] = s.Name
-		}
-		rows, err := r.cfg.Pool.Query(ctx, `SELECT s, (SELECT count(*) FROM `+r.schema+`.relays m
-				WHERE s = ANY(m.streams) AND m.pid <> $2 AND `+liveRelay("$3::bigint")+`)
-			FROM unnest($1::text[]) s`, names, f.self, r.member)
-		others := map[string]int{}
-		if err == nil {
-			for rows.Next() {
-				var s string
-				var n int
-				if err = rows.Scan(&s, &n); err != nil {
-					break
-				}
-				others[s] = n
-			}
-			rows.Close()
-			if err == nil {
-				err = rows.Err()
-			}
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				r.log.Warn("relay: cannot read which relays serve which streams; balancing as if all served all", "err", err)
-			}
-			others = nil
-		}
-		f.others, f.at = others, time.Now()
+	if time.Now().Before(f.until) {
+		return f.last
 	}
-	out := map[string]bool{}
-	if f.others == nil {
-		return out
+	l, err := r.readFleet(ctx, member)
+	keep := r.cfg.LeaseInterval / 4
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("relay: cannot read which relays serve and lead which streams; balancing as if alone", "err", err)
+		}
+		l = look{share: len(r.cfg.Streams)}
+		keep = r.cfg.LeaseInterval
 	}
+	if f.unled == nil {
+		f.unled = map[string]time.Time{}
+	}
+	now := time.Now()
+	l.unled = map[string]time.Time{}
 	for _, s := range r.cfg.Streams {
-		if f.others[s.Name] == 0 {
-			out[s.Name] = true
+		switch {
+		case !l.ok:
+		case l.led[s.Name]:
+			delete(f.unled, s.Name)
+		default:
+			if _, ok := f.unled[s.Name]; !ok {
+				f.unled[s.Name] = now
+			}
+		}
+		if t, ok := f.unled[s.Name]; ok {
+			l.unled[s.Name] = t
 		}
 	}
-	return out
+	f.last, f.until = l, now.Add(keep)
+	return l
+}
+
+// readFleet reads, on the membership session (rejoining first if it is
+// gone), which streams every live relay can lead, and for each of this
+// relay's streams whether a session leads it and whether another relay
+// stands by for it.
+func (r *Relay) readFleet(ctx context.Context, member *membership) (look, error) {
+	names := make([]string, len(r.cfg.Streams))
+	keys := make([]int64, len(r.cfg.Streams))
+	standbys := make([]int64, len(r.cfg.Streams))
+	for i, s := range r.cfg.Streams {
+		names[i] = s.Name
+		keys[i] = streamKey(r.cfg.Schema, s.Name)
+		standbys[i] = standbyKey(r.cfg.Schema, s.Name)
+	}
+	mine := r.standingPIDs()
+	l := look{ok: true, exclusive: map[string]bool{}, led: map[string]bool{}, standby: map[string]bool{}}
+	err := member.do(ctx, func(conn *pgx.Conn) error {
+		self := int(r.fleet.self.Load())
+		b := &pgx.Batch{}
+		b.Queue(`SELECT m.pid, m.streams FROM `+r.schema+`.relays m WHERE `+liveRelay("$1::bigint"), r.member)
+		b.Queue(`WITH l AS MATERIALIZED (
+				SELECT pid, mode, classid, objid FROM pg_locks
+				WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+				  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())),
+			k AS (SELECT s, ((sk >> 32) & 4294967295)::oid AS sc, (sk & 4294967295)::oid AS so,
+					((wk >> 32) & 4294967295)::oid AS wc, (wk & 4294967295)::oid AS wo
+				FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(s, sk, wk))
+			SELECT k.s, ld.pid IS NOT NULL,
+				EXISTS (SELECT 1 FROM l WHERE l.classid = k.wc AND l.objid = k.wo AND l.mode = 'ShareLock'
+					AND l.pid IS DISTINCT FROM ld.pid AND l.pid <> ALL($4::int[]))
+			FROM k LEFT JOIN LATERAL (SELECT l.pid FROM l
+				WHERE l.classid = k.sc AND l.objid = k.so AND l.mode = 'ExclusiveLock' LIMIT 1) ld ON true`,
+			names, keys, standbys, mine)
+		res := conn.SendBatch(ctx, b)
+		defer res.Close()
+		rows, err := res.Query()
+		if err != nil {
+			return err
+		}
+		relays := [][]string{names}
+		others := map[string]bool{}
+		found := false
+		for rows.Next() {
+			var pid int
+			var streams []string
+			if err := rows.Scan(&pid, &streams); err != nil {
+				return err
+			}
+			if pid == self {
+				found = true
+				continue
+			}
+			relays = append(relays, streams)
+			for _, s := range streams {
+				others[s] = true
+			}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows, err = res.Query()
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var s string
+			var led, standby bool
+			if err := rows.Scan(&s, &led, &standby); err != nil {
+				return err
+			}
+			l.led[s], l.standby[s] = led, standby
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, s := range names {
+			if !others[s] {
+				l.exclusive[s] = true
+			}
+		}
+		l.share = share(fairLoad(relays, 0))
+		if !found {
+			// Another relay's clean-up of rows whose relay is gone can
+			// meet this one's row before its lock was taken: the others
+			// would not count this relay. Advertise again.
+			if err := res.Close(); err != nil {
+				return err
+			}
+			r.log.Info("relay: its row in the relays table was missing; advertising its streams again")
+			return r.advertise(ctx, conn)
+		}
+		return nil
+	})
+	return l, err
 }
 
 // Leaderless lists this relay's streams that no session has led for at

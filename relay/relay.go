@@ -117,8 +117,9 @@ type Relay struct {
 	paused       map[string]string             // stream -> why its sink fails; see Paused
 	reconnecting map[string]error              // see Health
 	unled        map[string]time.Time          // stream -> first seen without a leader; see Leaderless
+	standing     map[string]int                // stream -> pid of the session standing by for it
 
-	fleet fleet // which other relays can lead this one's streams
+	fleet fleet // which live relays can lead which streams; see look
 }
 
 // New checks cfg and returns a Relay; Run starts it.
@@ -224,58 +225,76 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 	return conn, nil
 }
 
-// fairShare is how many of the streams other relays can lead too this
-// process should lead given the number of live relays: ceil(shared /
-// relays). The streams only it can lead come on top, always led.
-func (r *Relay) fairShare(ctx context.Context, member *membership, exclusive map[string]bool) int {
-	n, err := member.count(ctx)
-	if err != nil || n < 1 {
-		n = 1
-	}
-	total := len(r.cfg.Streams) - len(exclusive)
-	return (total + n - 1) / n
-}
-
-// leadingCount counts the streams this process leads, except those only
-// it can lead.
-func (r *Relay) leadingCount(exclusive map[string]bool) int {
+// leadingCount counts the streams this process leads.
+func (r *Relay) leadingCount() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
-	for s := range r.held {
-		if !exclusive[s] {
-			n++
-		}
-	}
-	return n
+	return len(r.held)
 }
 
-// contend stands by for stream s and leads it whenever it can take the
-// lock and has room in its fair share.
+// setStanding records the backend pid of the session standing by for
+// stream (0: none), so that this relay does not count itself as its own
+// standby.
+func (r *Relay) setStanding(stream string, pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.standing == nil {
+		r.standing = map[string]int{}
+	}
+	if pid == 0 {
+		delete(r.standing, stream)
+		return
+	}
+	r.standing[stream] = pid
+}
+
+func (r *Relay) standingPIDs() []int32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := []int32{}
+	for _, pid := range r.standing {
+		out = append(out, int32(pid))
+	}
+	return out
+}
+
+// contend stands by for stream s while this process has room for it, and
+// leads it whenever it can take the lock; without room it takes the
+// stream only when nobody else does (see balance.go).
 func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error {
 	key := streamKey(r.cfg.Schema, s.Name)
+	standbyLock := standbyKey(r.cfg.Schema, s.Name)
 	var conn *pgx.Conn
+	standing := false  // conn holds the stream's standby lock
 	failures := 0      // connection failures since the last lock attempt that got an answer
 	ledBefore := false // a leadership of s ended without a fatal error in this process
-	defer func() {
+	drop := func() {
 		if conn != nil {
-			conn.Close(context.WithoutCancel(ctx))
-		}
-	}()
-	for {
-		exclusive := r.exclusive(ctx)
-		room := exclusive[s.Name] || r.leadingCount(exclusive) < r.fairShare(ctx, member, exclusive)
-		if !room {
-			r.setReconnecting(s.Name, nil)
-		}
-		if !room && conn != nil {
-			// At its fair share this process will not try for the stream;
-			// holding a connection for it would only use up the server's.
 			conn.Close(context.WithoutCancel(ctx))
 			conn = nil
 		}
-		if room {
-			if conn == nil || conn.IsClosed() {
+		if standing {
+			standing = false
+			r.setStanding(s.Name, 0)
+		}
+	}
+	defer drop()
+	for {
+		l := r.look(ctx, member)
+		room := l.room(s.Name, r.leadingCount())
+		rescue := !room && l.rescue(s.Name, r.cfg.LeaseInterval)
+		if !room && !rescue {
+			r.setReconnecting(s.Name, nil)
+		}
+		if conn != nil && (conn.IsClosed() || (standing && !room) || (!room && !rescue)) {
+			// Without room this process does not stand by for the stream:
+			// holding a connection for it would only use up the server's,
+			// and its standby lock would invite a hand-over it would not
+			// take. A closed session took its standby lock with it.
+			drop()
+		}
+		if room || rescue {
+			if conn == nil {
 				c, err := r.connect(ctx)
 				if err != nil {
 					if ctx.Err() != nil {
@@ -287,24 +306,43 @@ func (r *Relay) contend(ctx context.Context, member *membership, s Stream) error
 				}
 				conn = c
 			}
+			if conn != nil && room && !standing {
+				if err := standBy(ctx, conn, standbyLock); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					r.log.Warn("relay: cannot stand by for the stream; will retry", "stream", s.Name, "err", err)
+					drop()
+					r.setReconnecting(s.Name, err)
+					failures++
+				} else {
+					standing = true
+					r.setStanding(s.Name, int(conn.PgConn().PID()))
+				}
+			}
 			if conn != nil {
-				ok, err := tryLock(ctx, conn, key)
+				ok, err := tryLead(ctx, conn, key, standbyLock, standing)
 				switch {
 				case err != nil && ctx.Err() == nil:
 					r.log.Warn("relay: lock attempt failed; will retry", "stream", s.Name, "err", err)
-					conn.Close(ctx)
-					conn = nil
+					drop()
 					r.setReconnecting(s.Name, err)
 					failures++
 				case ok:
+					if standing {
+						standing = false
+						r.setStanding(s.Name, 0)
+					}
 					r.setReconnecting(s.Name, nil)
 					failures = 0
+					if rescue {
+						r.log.Info("relay: leading a stream nobody led or stood by for, beyond this relay's share", "stream", s.Name)
+					}
 					err := r.lead(ctx, member, conn, s)
 					lost := sessionLost(conn, err)
 					// Closing the session is what releases the lock: the
 					// stream is given up, whatever ended its leadership.
-					conn.Close(context.WithoutCancel(ctx))
-					conn = nil
+					drop()
 					// A lost session or a failed step (a progress write
 					// above all) is healed by contending again from the
 					// stored position, except on shutdown, where the
@@ -392,36 +430,4 @@ func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s 
 		}()
 	}
 	return w.run(ctx)
-}
-
-// yieldExtra hands back one stream when this process leads more than its
-// fair share, so a newly started relay gets work. Of the streams another
-// live relay can lead too, the one with the greatest name goes, so every
-// process agrees on which; a stream only this process can lead is never
-// handed away (nobody would take it).
-func (r *Relay) yieldExtra(ctx context.Context, member *membership, stream string) bool {
-	r.mu.Lock()
-	held := len(r.held)
-	r.mu.Unlock()
-	if held <= 1 {
-		// A fair share is never below one stream: no need to count the
-		// relays (a query on pg_locks every lease interval) to know that.
-		return false
-	}
-	exclusive := r.exclusive(ctx)
-	if exclusive[stream] {
-		return false
-	}
-	share := r.fairShare(ctx, member, exclusive)
-	if r.leadingCount(exclusive) <= share {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for s := range r.held {
-		if s > stream && !exclusive[s] {
-			return false
-		}
-	}
-	return true
 }
