@@ -391,6 +391,11 @@ func TestReadyzNotReadyWhileAStreamHasNoLeader(t *testing.T) {
 	}
 	q(`CREATE TABLE "` + e.schema + `".saved_progress AS SELECT * FROM "` + e.schema + `".progress WHERE stream = $1`)
 	q(`DELETE FROM "` + e.schema + `".progress WHERE stream = $1`)
+	// A message for a destination no relay serves: the stream reads it and
+	// must store its progress, which it cannot.
+	if _, err := e.pool.Exec(ctx, `SELECT "`+e.schema+`".append_message('nobody', 'k', '{}')`); err != nil {
+		t.Fatal(err)
+	}
 	var code int
 	var body string
 	schematest.Eventually(t, 20*time.Second, "/readyz is not ready, naming the stream without a leader", func() bool {
