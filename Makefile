@@ -17,8 +17,14 @@ PKGS ?= ./...
 help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-build: ## Build bin/outboxd
-	go build -o bin/outboxd ./cmd/outboxd
+# Stamped into the binary (outboxd version); a build without them falls
+# back on the VCS revision the Go toolchain records.
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS = -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+
+build: ## Build bin/outboxd, stamped with git describe and the commit
+	go build -ldflags '$(LDFLAGS)' -o bin/outboxd ./cmd/outboxd
 
 services-up: ## Start local PostgreSQL + Elasticsearch (idempotent)
 	scripts/services up

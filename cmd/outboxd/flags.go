@@ -20,10 +20,11 @@ import (
 type dbFlags struct {
 	url    string
 	schema string
+	fs     *flag.FlagSet // for where, in errors
 }
 
 func addDBFlags(fs *flag.FlagSet) *dbFlags {
-	f := &dbFlags{}
+	f := &dbFlags{fs: fs}
 	fs.StringVar(&f.url, "database-url", "", "PostgreSQL URL or DSN (default $DATABASE_URL)")
 	fs.StringVar(&f.schema, "schema", schema.DefaultName, "outbox schema name")
 	return f
@@ -40,15 +41,18 @@ func (f *dbFlags) pool(ctx context.Context) (*pgxpool.Pool, error) {
 // poolConfig checks the flags and parses the URL, without connecting.
 func (f *dbFlags) poolConfig() (*pgxpool.Config, error) {
 	if f.url == "" {
-		return nil, fmt.Errorf("database-url: not set (flag --database-url or env DATABASE_URL)")
+		return nil, fmt.Errorf("database-url: not set (flag --database-url, env DATABASE_URL or database.url in --config)")
 	}
 	if err := schema.ValidateName(f.schema); err != nil {
+		if w := where(f.fs, "schema"); w != "schema" {
+			return nil, fmt.Errorf("%s: %w", w, err)
+		}
 		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(f.url)
 	if err != nil {
 		// pgx's parse errors can echo the URL, password included.
-		return nil, fmt.Errorf("database-url: cannot be parsed as a PostgreSQL URL or DSN")
+		return nil, fmt.Errorf("%s: cannot be parsed as a PostgreSQL URL or DSN", where(f.fs, "database-url"))
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "outboxd"
 	return cfg, nil
@@ -77,10 +81,11 @@ type esFlags struct {
 	awsSigV4   bool
 	awsRegion  string
 	awsService string
+	fs         *flag.FlagSet // for the --config file's settings and where
 }
 
 func addESFlags(fs *flag.FlagSet) *esFlags {
-	f := &esFlags{}
+	f := &esFlags{fs: fs}
 	fs.StringVar(&f.urls, "elasticsearch-url", "", "Elasticsearch or OpenSearch node URLs, comma-separated (default $ELASTICSEARCH_URL or $OPENSEARCH_URL; credentials via ELASTICSEARCH_USERNAME/PASSWORD/API_KEY/CA_CERT/CERT_FINGERPRINT)")
 	fs.DurationVar(&f.timeout, "elasticsearch-timeout", 30*time.Second, "Elasticsearch request timeout (or $ELASTICSEARCH_TIMEOUT)")
 	fs.BoolVar(&f.awsSigV4, "aws-sigv4", false, "sign requests with AWS Signature Version 4 for Amazon OpenSearch Service, credentials from the AWS default chain (environment, shared config, web identity, container or instance role)")
@@ -90,17 +95,25 @@ func addESFlags(fs *flag.FlagSet) *esFlags {
 }
 
 // config builds the client's config here rather than in the indexer, so
-// that the command line, OUTBOXD_<FLAG> and the aliases (applied by
-// parseFlags) decide, in that order, and no library reads the environment.
+// that the command line, the --config file, OUTBOXD_<FLAG> and the aliases
+// (applied by parseFlags) decide, in that order, and no library reads the
+// environment.
 func (f *esFlags) config() (indexer.ClientConfig, error) {
 	if f.timeout <= 0 {
-		return indexer.ClientConfig{}, fmt.Errorf("elasticsearch-timeout: must be > 0, got %v", f.timeout)
+		return indexer.ClientConfig{}, fmt.Errorf("%s: must be > 0, got %v", where(f.fs, "elasticsearch-timeout"), f.timeout)
 	}
-	// Credentials and TLS files come only from the environment; the nodes
-	// and the timeout from the flags, which parseFlags filled from it.
+	// Credentials and TLS files come only from the --config file (search.*)
+	// or the environment; the nodes and the timeout from the flags, which
+	// parseFlags filled from them.
+	file := fileSettingsOf(f.fs)
 	c, err := indexer.ClientConfigFrom(func(key string) string {
 		if key == "ELASTICSEARCH_URL" || key == "ELASTICSEARCH_TIMEOUT" {
 			return ""
+		}
+		if file != nil {
+			if v, ok := file.env[key]; ok {
+				return v
+			}
 		}
 		return os.Getenv(key)
 	})
@@ -119,7 +132,7 @@ func (f *esFlags) config() (indexer.ClientConfig, error) {
 		return c, fmt.Errorf("aws-sigv4: loading the AWS configuration: %w", err)
 	}
 	if aws.Region == "" {
-		return c, fmt.Errorf("aws-region: not set (flag --aws-region, env AWS_REGION or the shared config's region): SigV4 signs for one region")
+		return c, fmt.Errorf("aws-region: not set (flag --aws-region, search.aws.region in --config, env AWS_REGION or the shared config's region): SigV4 signs for one region")
 	}
 	c.AWS = &indexer.AWSSigning{Region: aws.Region, Service: f.awsService, Credentials: aws.Credentials}
 	return c, nil
@@ -161,17 +174,29 @@ func envKeys(fs *flag.FlagSet, name string) []string {
 }
 
 // parseFlags is the one configuration path of every command: it parses
-// args, then fills every flag the command line did not set from the first
-// of OUTBOXD_<NAME> (dashes become underscores) and the flag's documented
-// alias that is set, so the command line always wins. No default comes
-// from a variable that may hold a credential, so --help cannot print one;
-// the credentials the flags end up with are remembered for redaction.
+// args, then, for a command that connects, applies the --config file (or
+// $OUTBOXD_CONFIG) to every flag the command line did not set, then fills
+// every flag still unset from the first of OUTBOXD_<NAME> (dashes become
+// underscores) and the flag's documented alias that is set: the command
+// line wins, then the file, then the environment. The file comes before
+// the environment because naming it is deliberate, while DATABASE_URL and
+// the like may be set for other tools. No default comes from a variable
+// that may hold a credential, so --help cannot print one; the credentials
+// the flags end up with are remembered for redaction.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	secrets.addEnv()
 	fs.SetOutput(redactWriter{w: fs.Output(), r: secrets})
+	withConfig := takesConfig(fs)
+	if withConfig && fs.Lookup("config") == nil {
+		fs.String("config", "", "YAML `file` of settings, as docs/deploy/outboxd.yaml shows: ${VAR} takes a value from the environment; the command line wins over it (or $OUTBOXD_CONFIG)")
+	}
 	usage := fs.Usage
 	fs.Usage = func() {
 		usage()
+		if withConfig {
+			fmt.Fprintln(fs.Output(), "\nEvery flag can also be set in the environment as OUTBOXD_<FLAG> (dashes as underscores,\ne.g. OUTBOXD_SCHEMA), a few also by the $VARIABLE their help names, and in the --config file.\nThe command line wins, then the --config file, then OUTBOXD_<FLAG>, then $VARIABLE.")
+			return
+		}
 		fmt.Fprintln(fs.Output(), "\nEvery flag can also be set in the environment as OUTBOXD_<FLAG> (dashes as underscores,\ne.g. OUTBOXD_SCHEMA), a few also by the $VARIABLE their help names. The command line wins,\nthen OUTBOXD_<FLAG>, then $VARIABLE.")
 	}
 	if err := fs.Parse(args); err != nil {
@@ -179,6 +204,19 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if withConfig {
+		path := fs.Lookup("config").Value.String()
+		if v, ok := os.LookupEnv("OUTBOXD_CONFIG"); ok && !set["config"] {
+			path = v
+			_ = fs.Set("config", v)
+		}
+		set["config"] = true
+		if path != "" {
+			if err := applyConfigFile(fs, path, set); err != nil {
+				return err
+			}
+		}
+	}
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if !set[f.Name] && err == nil {

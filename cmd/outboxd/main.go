@@ -44,6 +44,10 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
+	if os.Args[1] == "--version" || os.Args[1] == "-version" {
+		fmt.Println(currentBuild())
+		return
+	}
 	cmd, ok := commands[os.Args[1]]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "outboxd: unknown command %q\n\n", os.Args[1])
@@ -91,7 +95,7 @@ func usage() {
 	for _, n := range names {
 		fmt.Fprintf(os.Stderr, "  %-17s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(os.Stderr, "\nRun 'outboxd <command> --help' for a command's flags.")
+	fmt.Fprintln(os.Stderr, "\nRun 'outboxd <command> --help' for a command's flags, 'outboxd --version' for the build.")
 }
 
 func logLevel() slog.Level {

@@ -184,15 +184,39 @@ func relayPool(ctx context.Context, db *dbFlags, log *slog.Logger) (*pgxpool.Poo
 	}
 }
 
+const relayUsage = "Usage: outboxd relay [--config outboxd.yaml] [flags]\n\nStreams committed outbox events to Elasticsearch, and messages to the webhook destinations\ngiven with --destination (each on a stream of its own). Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by. At start it checks what\n`outboxd check` checks and refuses what cannot work.\n\nFlags:"
+
 func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
-	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
+	return parseRelayFlagSet("relay", relayUsage, args)
+}
+
+// parseRelayFlagSet parses the relay's flags, for relay and for check
+// (name), which take the same.
+func parseRelayFlagSet(name, usage string, args []string) (*dbFlags, *esFlags, relayFlags, error) {
+	fs, db, es, fp := newRelayFlagSet(name, usage)
+	err := parseFlags(fs, args)
+	f := *fp
+	if err != nil {
+		return nil, nil, f, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, f, fmt.Errorf("unexpected argument %q (%s takes only flags)", fs.Arg(0), name)
+	}
+	if err := checkRelayFlags(f); err != nil {
+		return nil, nil, f, locate(fs, err)
+	}
+	return db, es, f, nil
+}
+
+func newRelayFlagSet(name, usage string) (*flag.FlagSet, *dbFlags, *esFlags, *relayFlags) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: outboxd relay [flags]\n\nStreams committed outbox events to Elasticsearch, and messages to the webhook destinations\ngiven with --destination (each on a stream of its own). Several relays may run against one\ndatabase: each stream has one leader at a time, the others stand by.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
 	db := addDBFlags(fs)
 	es := addESFlags(fs)
-	f := relayFlags{}
+	f := &relayFlags{}
 	fs.IntVar(&f.partitions, "partitions", 1, "split the outbox into N streams by hash of source_id; relays share them fairly")
 	fs.StringVar(&f.streamPrefix, "stream", "default", "stream name (prefix of partition names)")
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
@@ -234,25 +258,28 @@ func parseRelayFlags(args []string) (*dbFlags, *esFlags, relayFlags, error) {
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "deadline of one scheduled job run; a run still going then is cancelled and recorded as failed")
 	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
 	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,previous_secret_env=VAR[,previous_secret_until=T]][,ca_file=PEM][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
-	if err := parseFlags(fs, args); err != nil {
-		return nil, nil, f, err
-	}
+	return fs, db, es, f
+}
+
+// checkRelayFlags refuses values no relay can run with. Each error starts
+// with the flag's name, which locate turns into the file's key and line.
+func checkRelayFlags(f relayFlags) error {
 	if _, err := relayMemoryLimit(f.memoryLimit, f, 1); err != nil {
-		return nil, nil, f, err
+		return err
 	}
 	if f.linger < 0 {
-		return nil, nil, f, fmt.Errorf("linger: must be >= 0, got %v", f.linger)
+		return fmt.Errorf("linger: must be >= 0, got %v", f.linger)
 	}
 	if f.jobTimeout <= 0 {
-		return nil, nil, f, fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
+		return fmt.Errorf("job-timeout: must be > 0, got %v", f.jobTimeout)
 	}
 	if f.ledgerRetention < f.retention {
-		return nil, nil, f, fmt.Errorf("ledger-retention: %v is shorter than --retention %v: a message replayed from the outbox after its ledger row is gone would be sent again", f.ledgerRetention, f.retention)
+		return fmt.Errorf("ledger-retention: %v is shorter than --retention %v: a message replayed from the outbox after its ledger row is gone would be sent again", f.ledgerRetention, f.retention)
 	}
 	if f.abandonedAfter <= 0 {
-		return nil, nil, f, fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
+		return fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
 	}
-	return db, es, f, nil
+	return nil
 }
 
 // connectElasticsearch builds the client and refuses, before any event is
