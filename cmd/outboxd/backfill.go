@@ -10,8 +10,10 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 
+	"github.com/outboxd/outboxd/backfill"
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/internal/progress"
+	"github.com/outboxd/outboxd/rebuild"
 )
 
 func init() {
@@ -84,12 +86,12 @@ Flags:
 	if err != nil {
 		return err
 	}
-	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, Rebuilt: repair.RebuiltIndex(pool, db.schema)})
+	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, Rebuilt: rebuild.RebuiltIndex(pool, db.schema)})
 	if err != nil {
 		return err
 	}
-	prog := repair.NewProgress("backfill "+*index, 0, repair.ProgressOptions{})
-	rep, err := repair.Backfill(ctx, repair.BackfillOptions{
+	prog := progress.NewProgress("backfill "+*index, 0, progress.ProgressOptions{})
+	rep, err := backfill.Backfill(ctx, backfill.BackfillOptions{
 		Pool: pool, Schema: db.schema, Sink: sink, Index: *index, SourceSQL: *sourceSQL, Restart: *restart,
 		Batch: *batch, BatchBytes: *batchBytes, InFlight: *inFlight, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Progress: prog,
 	})
