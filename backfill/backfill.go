@@ -17,8 +17,8 @@ import (
 	"github.com/outboxd/outboxd/outbox"
 )
 
-// BackfillOptions says what Backfill reads and where it writes.
-type BackfillOptions struct {
+// Options says what Run reads and where it writes.
+type Options struct {
 	Pool   *pgxpool.Pool
 	Schema string // the outbox schema, which holds the backfills table
 	// Sink is where the rows go, as events: an *indexer.Sink, or anything
@@ -32,7 +32,7 @@ type BackfillOptions struct {
 	// SourceSQL returns id, version (bigint >= 1) and document (a JSON
 	// object), and optionally a fourth boolean column: true writes a delete
 	// (a tombstone at that version) instead of the document. It runs in a
-	// read-only transaction and is ordered by id by Backfill itself, in the
+	// read-only transaction and is ordered by id by Run itself, in the
 	// id's own type: return a table's key column as it is (not id::text)
 	// and the rows are read in the order of its index, without a sort. The
 	// id's text is the document's _id.
@@ -49,7 +49,7 @@ type BackfillOptions struct {
 	MaxAttempts   int           // tries of an event answered Retry; default 10
 	SourceTimeout time.Duration // statement timeout of each FETCH; default 10m
 	OutageTimeout time.Duration // how long a whole-sink outage is waited out; default 5m
-	Progress      *progress.Progress
+	Progress      *progress.Bar
 	Logger        *slog.Logger // nil discards
 
 	// afterStore, when set, is called after each batch's progress is
@@ -58,8 +58,8 @@ type BackfillOptions struct {
 	afterStore func(batches int)
 }
 
-// BackfillReport is what Backfill did.
-type BackfillReport struct {
+// Report is what Run did.
+type Report struct {
 	Index    string          `json:"index"`
 	From     string          `json:"resumed_after,omitempty"`
 	Rows     int64           `json:"rows"`
@@ -70,7 +70,7 @@ type BackfillReport struct {
 	Seconds  float64         `json:"seconds"`
 }
 
-// Backfill streams the rows of SourceSQL straight to the sink as versioned
+// Run streams the rows of SourceSQL straight to the sink as versioned
 // upserts, without appending outbox events, while the relay may be
 // delivering live events of the same index: the version gate decides, so a
 // row older than a live event is stale and a row deleted after it was read
@@ -80,7 +80,7 @@ type BackfillReport struct {
 // last id is stored: a backfill killed at any point continues from there
 // (rows after it are sent again, which the gate makes harmless). One run
 // of an index at a time: a second one is refused, naming the running one.
-func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
+func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 		return nil, err
 	}
 	defer st.close()
-	rep := &BackfillReport{Index: o.Index, From: st.after}
+	rep := &Report{Index: o.Index, From: st.after}
 	if st.after != "" {
 		o.Logger.Info("backfill resumed", "index", o.Index, "after", st.after)
 	}
@@ -202,7 +202,7 @@ func Backfill(ctx context.Context, o BackfillOptions) (*BackfillReport, error) {
 	return rep, nil
 }
 
-func (o *BackfillOptions) defaults() error {
+func (o *Options) defaults() error {
 	switch {
 	case o.Pool == nil:
 		return errors.New("indexer: backfill: pool: no PostgreSQL pool")
@@ -239,7 +239,7 @@ func (o *BackfillOptions) defaults() error {
 }
 
 // query is what the source reader needs of o.
-func (o *BackfillOptions) query() source.Query {
+func (o *Options) query() source.Query {
 	return source.Query{SourceSQL: o.SourceSQL, Index: o.Index, Batch: o.Batch, BatchBytes: o.BatchBytes, SourceTimeout: o.SourceTimeout}
 }
 
@@ -254,7 +254,7 @@ type batchResult struct {
 // MaxAttempts, after which it is reported with the rejected rows. Rows
 // with a bad id, version or document are rejected by the sink with the
 // reason, like events.
-func sendBackfill(ctx context.Context, o BackfillOptions, write func(context.Context, []outbox.Event) ([]outbox.Outcome, error), events []outbox.Event) batchResult {
+func sendBackfill(ctx context.Context, o Options, write func(context.Context, []outbox.Event) ([]outbox.Outcome, error), events []outbox.Event) batchResult {
 	var r batchResult
 	outageSince := time.Time{}
 	for attempt, delay := 1, 100*time.Millisecond; len(events) > 0; attempt++ {

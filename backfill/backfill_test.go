@@ -77,8 +77,8 @@ func (e *backfillEnv) sourceSQL() string {
 	return `SELECT id, version, ` + docSQL + ` FROM ` + e.table
 }
 
-func (e *backfillEnv) opts(sink *indexer.Sink) BackfillOptions {
-	return BackfillOptions{Pool: e.pool, Schema: e.schema, Sink: sink, Index: e.name, SourceSQL: e.sourceSQL(), Batch: 2000}
+func (e *backfillEnv) opts(sink *indexer.Sink) Options {
+	return Options{Pool: e.pool, Schema: e.schema, Sink: sink, Index: e.name, SourceSQL: e.sourceSQL(), Batch: 2000}
 }
 
 // assertProjection compares the index with the table: every row visible
@@ -344,12 +344,12 @@ func TestBackfill(t *testing.T) {
 				cancel()
 			}
 		}
-		first, err := Backfill(bctx, o)
+		first, err := Run(bctx, o)
 		cancel()
 		if !errors.Is(err, context.Canceled) || first.Rows != 15*2000 {
 			t.Fatalf("first run: %+v, %v; want it cancelled after 15 batches of 2000 rows", first, err)
 		}
-		second, err := Backfill(ctx, e.opts(sink))
+		second, err := Run(ctx, e.opts(sink))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -374,7 +374,7 @@ func TestBackfill(t *testing.T) {
 		}
 		o := e.opts(sink)
 		o.SourceSQL = `SELECT id, version, CASE WHEN id = 'bad' THEN '[1]'::json ELSE ` + docSQL + ` END FROM ` + e.table
-		rep, err := Backfill(ctx, o)
+		rep, err := Run(ctx, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -395,16 +395,16 @@ func TestBackfill(t *testing.T) {
 			t.Fatal(err)
 		}
 		o := e.opts(newSink(t, indexer.Options{Client: e.es}))
-		if _, err := Backfill(ctx, o); err == nil || !strings.Contains(err.Error(), "another source_sql") {
+		if _, err := Run(ctx, o); err == nil || !strings.Contains(err.Error(), "another source_sql") {
 			t.Fatalf("got %v", err)
 		}
 		o.Restart = true
-		rep, err := Backfill(ctx, o)
+		rep, err := Run(ctx, o)
 		if err != nil || rep.Rows != 10 || rep.From != "" {
 			t.Fatalf("restart: %+v, %v", rep, err)
 		}
 		o.Restart = false
-		rep, err = Backfill(ctx, o) // finished: a new run starts from the beginning
+		rep, err = Run(ctx, o) // finished: a new run starts from the beginning
 		if err != nil || rep.Rows != 10 || rep.Stale != 10 {
 			t.Fatalf("again: %+v, %v", rep, err)
 		}
@@ -419,7 +419,7 @@ func TestBackfill(t *testing.T) {
 			t.Fatal(err)
 		}
 		o.SourceSQL = `SELECT id, version, ` + docSQL + ` FROM ` + e.table + `, (SELECT ` + wipe + `) w`
-		if _, err := Backfill(ctx, o); err == nil || !strings.Contains(err.Error(), "read-only") {
+		if _, err := Run(ctx, o); err == nil || !strings.Contains(err.Error(), "read-only") {
 			t.Fatalf("got %v", err)
 		}
 		var n int

@@ -49,7 +49,7 @@ func TestBackfillInFlight(t *testing.T) {
 	}
 	for _, inFlight := range []int64{1, 2} {
 		sink := &slowCounting{sink: newSink(t, indexer.Options{Client: es}), hold: 50 * time.Millisecond}
-		rep, err := Backfill(ctx, BackfillOptions{Pool: pool, Schema: schemaName, Index: name, Restart: true,
+		rep, err := Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Restart: true,
 			SourceSQL: `SELECT id, version, json_build_object('title', title) FROM ` + table,
 			Batch:     5, InFlight: int(inFlight), Sink: sink})
 		if err != nil || rep.Rows != 60 {
@@ -97,7 +97,7 @@ func TestBackfillBatchBytes(t *testing.T) {
 		}
 	}
 	sink := &bytesCounting{sink: newSink(t, indexer.Options{Client: es})}
-	rep, err := Backfill(ctx, BackfillOptions{Pool: pool, Schema: schemaName, Index: name, Sink: sink,
+	rep, err := Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Sink: sink,
 		SourceSQL: `SELECT id, version, json_build_object('body', repeat('x', ` + fmt.Sprint(rowBytes) + `)) FROM ` + table})
 	if err != nil || rep.Rows != rows || rep.Applied != rows {
 		t.Fatalf("%+v, %v; want %d rows applied", rep, err, rows)
@@ -109,7 +109,7 @@ func TestBackfillBatchBytes(t *testing.T) {
 	// Small rows first, then large ones: the FETCH sized by the small rows
 	// returns more than a batch holds, and is cut, not held whole.
 	sink = &bytesCounting{sink: newSink(t, indexer.Options{Client: es})}
-	rep, err = Backfill(ctx, BackfillOptions{Pool: pool, Schema: schemaName, Index: name, Sink: sink, Restart: true, BatchBytes: 1 << 20,
+	rep, err = Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Sink: sink, Restart: true, BatchBytes: 1 << 20,
 		SourceSQL: `SELECT id, version + 1, json_build_object('body', repeat('x', CASE WHEN id <= 12 THEN 1000 ELSE ` + fmt.Sprint(rowBytes) + ` END)) FROM ` + table})
 	if err != nil || rep.Rows != rows || rep.Applied != rows || sink.rows.Load() != rows {
 		t.Fatalf("%+v, %v; want %d rows applied, each sent once (sent %d)", rep, err, rows, sink.rows.Load())

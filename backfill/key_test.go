@@ -52,9 +52,9 @@ func TestBackfillKeyOrder(t *testing.T) {
 		}
 		sourceSQL := `SELECT id, version, json_build_object('title', title) FROM ` + table
 		sink := newSink(t, indexer.Options{Client: es})
-		o := BackfillOptions{Pool: pool, Schema: schemaName, Index: name, SourceSQL: sourceSQL, Batch: 10, InFlight: 1,
+		o := Options{Pool: pool, Schema: schemaName, Index: name, SourceSQL: sourceSQL, Batch: 10, InFlight: 1,
 			OutageTimeout: 200 * time.Millisecond, Sink: &failingAfter{sink: sink, n: 1}}
-		first, err := Backfill(ctx, o)
+		first, err := Run(ctx, o)
 		var unavailable *indexer.UnavailableError
 		if !errors.As(err, &unavailable) || first.Rows != 10 {
 			t.Fatalf("first run: %+v, %v; want 10 rows, then the sink gone", first, err)
@@ -65,7 +65,7 @@ func TestBackfillKeyOrder(t *testing.T) {
 		}
 
 		o.Sink = sink
-		second, err := Backfill(ctx, o)
+		second, err := Run(ctx, o)
 		if err != nil || second.From != "10" || second.Rows != 15 || second.Applied != 15 {
 			t.Fatalf("second run: %+v, %v; want ids 11..25 after 10", second, err)
 		}
@@ -96,13 +96,13 @@ func TestBackfillKeyOrder(t *testing.T) {
 		// A json id has no btree ordering: its text, in byte order.
 		sourceSQL := `SELECT to_json(i), 1, json_build_object('n', i) FROM generate_series(1, 12) i`
 		sink := newSink(t, indexer.Options{Client: es})
-		o := BackfillOptions{Pool: pool, Schema: schemaName, Index: name, SourceSQL: sourceSQL, Batch: 5, InFlight: 1,
+		o := Options{Pool: pool, Schema: schemaName, Index: name, SourceSQL: sourceSQL, Batch: 5, InFlight: 1,
 			OutageTimeout: 200 * time.Millisecond, Sink: &failingAfter{sink: sink, n: 1}}
-		if first, err := Backfill(ctx, o); err == nil || first.Rows != 5 {
+		if first, err := Run(ctx, o); err == nil || first.Rows != 5 {
 			t.Fatalf("first run: %+v, %v", first, err)
 		}
 		o.Sink = sink
-		second, err := Backfill(ctx, o)
+		second, err := Run(ctx, o)
 		// "1", "10", "11", "12", "2" first; then "3".."9".
 		if err != nil || second.From != "2" || second.Rows != 7 {
 			t.Fatalf("second run: %+v, %v", second, err)
@@ -131,13 +131,13 @@ func TestBackfillResumesCharKey(t *testing.T) {
 		}
 	}
 	sink := newSink(t, indexer.Options{Client: es})
-	o := BackfillOptions{Pool: pool, Schema: schemaName, Index: name, Batch: 10, InFlight: 1, OutageTimeout: 200 * time.Millisecond,
+	o := Options{Pool: pool, Schema: schemaName, Index: name, Batch: 10, InFlight: 1, OutageTimeout: 200 * time.Millisecond,
 		SourceSQL: `SELECT id, version, json_build_object('title', title) FROM ` + table, Sink: &failingAfter{sink: sink, n: 1}}
-	if first, err := Backfill(ctx, o); err == nil || first.Rows != 10 {
+	if first, err := Run(ctx, o); err == nil || first.Rows != 10 {
 		t.Fatalf("first run: %+v, %v; want 10 rows, then the sink gone", first, err)
 	}
 	o.Sink = sink
-	second, err := Backfill(ctx, o)
+	second, err := Run(ctx, o)
 	if err != nil || second.From != "k010" || second.Rows != 15 || second.Applied != 15 || second.Stale != 0 {
 		t.Fatalf("second run: %+v, %v; want k011..k025 after k010, none read again", second, err)
 	}

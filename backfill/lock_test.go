@@ -37,17 +37,17 @@ func (h *heldSink) Write(ctx context.Context, events []outbox.Event) ([]outbox.O
 
 // runHeld starts a backfill with o whose first write waits in the sink;
 // it returns once that write has arrived.
-func runHeld(t *testing.T, o BackfillOptions) (release func() (*BackfillReport, error)) {
+func runHeld(t *testing.T, o Options) (release func() (*Report, error)) {
 	t.Helper()
 	held := newHeldSink(o.Sink.(*indexer.Sink))
 	o.Sink = held
 	type result struct {
-		rep *BackfillReport
+		rep *Report
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := Backfill(context.Background(), o)
+		rep, err := Run(context.Background(), o)
 		done <- result{rep, err}
 	}()
 	select {
@@ -57,7 +57,7 @@ func runHeld(t *testing.T, o BackfillOptions) (release func() (*BackfillReport, 
 	}
 	var once sync.Once
 	var r result
-	release = func() (*BackfillReport, error) {
+	release = func() (*Report, error) {
 		once.Do(func() { close(held.released); r = <-done })
 		return r.rep, r.err
 	}
@@ -80,7 +80,7 @@ func TestBackfillOneRunPerIndex(t *testing.T) {
 		for _, restart := range []bool{false, true} {
 			second := o
 			second.Restart = restart
-			rep, err := Backfill(ctx, second)
+			rep, err := Run(ctx, second)
 			if err == nil || !strings.Contains(err.Error(), e.name) || !strings.Contains(err.Error(), "another backfill of this index is running: run ") {
 				t.Fatalf("restart %v: a second backfill beside the running one: %+v, %v; want it refused naming the index and the running run", restart, rep, err)
 			}
@@ -128,7 +128,7 @@ WHERE locktype = 'advisory' AND classid = hashtext('outboxd.backfill')::oid AND 
 		}
 		second := o
 		second.Restart = true
-		rep, err := Backfill(ctx, second)
+		rep, err := Run(ctx, second)
 		if err != nil || rep.Rows != rows {
 			t.Fatalf("the run after the lock was lost: %+v, %v; want all %d rows", rep, err, rows)
 		}

@@ -23,7 +23,7 @@ func TestReservedFieldsInRows(t *testing.T) {
 		sink := newSink(t, indexer.Options{Client: e.es})
 		o := e.opts(sink)
 		o.SourceSQL = `SELECT id, version, CASE WHEN id = 'bad' THEN json_build_object('title', title, 'outboxd_deleted', true) ELSE ` + docSQL + ` END FROM ` + e.table
-		rep, err := Backfill(ctx, o)
+		rep, err := Run(ctx, o)
 		if err != nil {
 			t.Fatal(err)
 		}

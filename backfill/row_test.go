@@ -40,7 +40,7 @@ func TestBackfillRejectsUnreadableRow(t *testing.T) {
 	} {
 		t.Run("a version of type "+tc.column, func(t *testing.T) {
 			es, name := backfillIndex(t)
-			rep, err := Backfill(ctx, BackfillOptions{Pool: pool, Schema: schemaName, Index: name, Batch: 2, InFlight: 1,
+			rep, err := Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Batch: 2, InFlight: 1,
 				SourceSQL: `SELECT id, ` + tc.column + `, json_build_object('title', title), del FROM ` + table,
 				Sink:      newSink(t, indexer.Options{Client: es})})
 			if err != nil {

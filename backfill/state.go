@@ -40,7 +40,7 @@ func backfillRunBy() string {
 	return fmt.Sprintf("%s pid %d", host, os.Getpid())
 }
 
-func openBackfillState(ctx context.Context, o BackfillOptions) (_ *backfillState, err error) {
+func openBackfillState(ctx context.Context, o Options) (_ *backfillState, err error) {
 	id, err := schema.Ident(o.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: backfill: schema: %w", err)

@@ -77,8 +77,8 @@ func (e *backfillEnv) sourceSQL() string {
 	return `SELECT id, version, ` + docSQL + ` FROM ` + e.table
 }
 
-func (e *backfillEnv) opts(sink *indexer.Sink) backfill.BackfillOptions {
-	return backfill.BackfillOptions{Pool: e.pool, Schema: e.schema, Sink: sink, Index: e.name, SourceSQL: e.sourceSQL(), Batch: 2000}
+func (e *backfillEnv) opts(sink *indexer.Sink) backfill.Options {
+	return backfill.Options{Pool: e.pool, Schema: e.schema, Sink: sink, Index: e.name, SourceSQL: e.sourceSQL(), Batch: 2000}
 }
 
 // assertProjection compares the index with the table: every row visible

@@ -14,11 +14,11 @@ import (
 	"github.com/outboxd/outboxd/schema"
 )
 
-// RebuiltIndex returns, for indexer.Options.Rebuilt, the concrete index
+// Home returns, for indexer.Options.Rebuilt, the concrete index
 // the rebuilds table says name's documents live in: the new index of a
 // swapped or finished rebuild, else the old one. "" when no rebuild of
 // name is recorded (or the schema has no rebuilds table yet).
-func RebuiltIndex(db interface {
+func Home(db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }, schemaName string) func(ctx context.Context, name string) (string, error) {
 	return func(ctx context.Context, name string) (string, error) {
@@ -40,15 +40,15 @@ FROM `+id+`.rebuilds WHERE index_name = $1`, name).Scan(&home)
 	}
 }
 
-// ForgetRebuild deletes the rebuilds table's record of name, so that the
+// Forget deletes the rebuilds table's record of name, so that the
 // next bootstrap may start the index over, empty. It forgets a lost
 // layout, never a live one: it refuses while an index the record names
 // still exists or one of name's aliases points at an index.
-func ForgetRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es *elasticsearch.Client, name string) error {
+func Forget(ctx context.Context, pool *pgxpool.Pool, schemaName string, es *elasticsearch.Client, name string) error {
 	if err := indexer.CheckName(name); err != nil {
 		return err
 	}
-	st, unlock, err := lockRebuild(ctx, pool, schemaName, name)
+	st, unlock, err := openStore(ctx, pool, schemaName, name)
 	if err != nil {
 		return err
 	}

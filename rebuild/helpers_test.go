@@ -125,7 +125,7 @@ func (ri *testIndex) snapshot(t testing.TB) map[string]snapDoc {
 	if ri.old != "" {
 		indices = append(indices, ri.old)
 	}
-	err := scan.Scan(context.Background(), ri.es, scan.ScanOptions{Indices: indices, PageSize: 7}, func(h scan.ScanHit) error {
+	err := scan.Each(context.Background(), ri.es, scan.Options{Indices: indices, PageSize: 7}, func(h scan.Hit) error {
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, h.Source); err != nil {
 			return err

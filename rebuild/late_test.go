@@ -76,7 +76,7 @@ func TestRebuildLateBulkReachesNewIndex(t *testing.T) {
 		"rebuild caught up": func() { sendOnce.Do(send) },
 		"rebuild finished":  func() { releaseOnce.Do(func() { close(release) }) },
 	})
-	rep, err := Rebuild(ctx, o)
+	rep, err := Run(ctx, o)
 	if err != nil || !rep.Swapped {
 		t.Fatalf("rebuild: %+v, %v", rep, err)
 	}
@@ -128,7 +128,7 @@ func TestScanKeepsPointInTimeWhileSinkWaits(t *testing.T) {
 	t.Parallel()
 	e := setupRebuild(t, 20)
 	seen := 0
-	err := scan.Scan(context.Background(), e.es, scan.ScanOptions{Indices: []string{indexer.FirstIndex(e.name)}, PageSize: 5, KeepAlive: time.Second}, func(scan.ScanHit) error {
+	err := scan.Each(context.Background(), e.es, scan.Options{Indices: []string{indexer.FirstIndex(e.name)}, PageSize: 5, KeepAlive: time.Second}, func(scan.Hit) error {
 		seen++
 		if seen == 1 {
 			time.Sleep(70 * time.Second) // a sink under backpressure

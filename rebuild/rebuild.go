@@ -33,8 +33,8 @@ const (
 	PhaseAborted    = "aborted"
 )
 
-// RebuildOptions says which index is rebuilt, into what, and from where.
-type RebuildOptions struct {
+// Options says which index is rebuilt, into what, and from where.
+type Options struct {
 	Pool   *pgxpool.Pool
 	Schema string // the outbox schema, which holds the rebuilds table
 	ES     *elasticsearch.Client
@@ -49,13 +49,13 @@ type RebuildOptions struct {
 	// (SourceSQL, plus the current index's tombstones).
 	From string
 	// SourceSQL returns id, version, document and optionally a boolean
-	// deleted column, like BackfillOptions.SourceSQL.
+	// deleted column, like backfill.Options.SourceSQL.
 	SourceSQL string
 	// AcceptRejected swaps even when the new index refused documents.
 	AcceptRejected bool
 	// Keep is how long the old index is kept after the swap; a later
 	// rebuild of the same name drops it once that has passed. 0 keeps it
-	// until DropOldIndex.
+	// until DropOld.
 	Keep time.Duration
 	// SwapDelta: catch-up rounds repeat until one copies at most this many
 	// documents (default 1000), a round shrinks by less than a quarter (the
@@ -70,12 +70,12 @@ type RebuildOptions struct {
 	Workers       int           // bulk requests at once; default 4
 	SourceTimeout time.Duration // statement timeout of each cursor fetch; default 10m
 	OutageTimeout time.Duration // how long Elasticsearch may be unreachable; default 5m
-	Progress      *progress.Progress
+	Progress      *progress.Bar
 	Logger        *slog.Logger // nil discards
 }
 
-// RebuildReport is what Rebuild did.
-type RebuildReport struct {
+// Report is what Run did.
+type Report struct {
 	Index      string          `json:"index"`
 	Run        string          `json:"run"` // this run's id, stored as the row's run_id`
 	OldIndex   string          `json:"old_index"`
@@ -103,7 +103,7 @@ func (e *RejectedError) Error() string {
 	return fmt.Sprintf("indexer: rebuild %s: the new index refused %d documents; not swapped (fix the mapping and abort, or accept the rejected documents)", e.Index, e.Rejected)
 }
 
-// Rebuild creates the next concrete index of o.Index with new mappings or
+// Run creates the next concrete index of o.Index with new mappings or
 // settings, fills it while the relay keeps writing through N-write, and
 // moves N, N-write and N-read to it in one atomic _aliases request.
 //
@@ -115,23 +115,23 @@ func (e *RejectedError) Error() string {
 // document's own version), so order does not matter: a copy older than
 // what the new index holds loses. After the swap, writes still in flight
 // to the old index are picked up by one final catch-up after Grace, and
-// again by DropOldIndex before the old index is deleted.
+// again by DropOld before the old index is deleted.
 //
 // The state is stored in <schema>.rebuilds; killed at any point, a rerun
 // with the same options continues (an interrupted copy starts over into the
 // same new index, an interrupted catch-up continues from its checkpoints)
 // and N always points at a complete index.
-func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
+func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	st, unlock, err := lockRebuild(ctx, o.Pool, o.Schema, o.Index)
+	st, unlock, err := openStore(ctx, o.Pool, o.Schema, o.Index)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	rep := &RebuildReport{Index: o.Index, Run: st.run}
+	rep := &Report{Index: o.Index, Run: st.run}
 	o.Logger = o.Logger.With("run", st.run)
 	cur, err := st.load(ctx)
 	if err != nil {
@@ -182,7 +182,7 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 			return nil, err
 		}
 	}
-	r := &rebuilder{o: o, st: st}
+	r := &runner{o: o, st: st}
 	if cur == nil {
 		if cur, err = r.begin(ctx, behind, hash); err != nil {
 			return nil, err
@@ -275,7 +275,7 @@ func Rebuild(ctx context.Context, o RebuildOptions) (*RebuildReport, error) {
 	return rep, nil
 }
 
-func (o *RebuildOptions) defaults() error {
+func (o *Options) defaults() error {
 	switch {
 	case o.Pool == nil:
 		return errors.New("indexer: rebuild: pool: no PostgreSQL pool")
@@ -330,7 +330,7 @@ func (o *RebuildOptions) defaults() error {
 
 // hash identifies what the new index is built from, so a rerun with other
 // options does not continue a rebuild it did not start.
-func (o *RebuildOptions) hash() string {
+func (o *Options) hash() string {
 	h := sha256.New()
 	for _, b := range [][]byte{o.Mappings, o.Settings, []byte(o.From), []byte(o.SourceSQL)} {
 		fmt.Fprintf(h, "%d:", len(b))
@@ -339,14 +339,14 @@ func (o *RebuildOptions) hash() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-type rebuilder struct {
-	o   RebuildOptions
-	st  *rebuildStore
-	cur *rebuildRow
+type runner struct {
+	o   Options
+	st  *store
+	cur *record
 }
 
 // begin records the checkpoints of old and creates the next index.
-func (r *rebuilder) begin(ctx context.Context, old, hash string) (*rebuildRow, error) {
+func (r *runner) begin(ctx context.Context, old, hash string) (*record, error) {
 	next, err := nextIndex(r.o.Index, old)
 	if err != nil {
 		return nil, err
@@ -362,7 +362,7 @@ func (r *rebuilder) begin(ctx context.Context, old, hash string) (*rebuildRow, e
 	if err != nil {
 		return nil, err
 	}
-	row := &rebuildRow{Old: old, New: next, Phase: PhaseCopying, Hash: hash, Checkpoints: cps}
+	row := &record{Old: old, New: next, Phase: PhaseCopying, Hash: hash, Checkpoints: cps}
 	if err := r.st.begin(ctx, row); err != nil {
 		return nil, err
 	}
@@ -372,7 +372,7 @@ func (r *rebuilder) begin(ctx context.Context, old, hash string) (*rebuildRow, e
 // createIndex creates the new index, with the current index's mappings
 // and settings where none were given. Already existing (a killed run made
 // it) is fine: the row says it is ours.
-func (r *rebuilder) createIndex(ctx context.Context) error {
+func (r *runner) createIndex(ctx context.Context) error {
 	if err := r.st.check(ctx); err != nil {
 		return err
 	}
@@ -394,7 +394,7 @@ func (r *rebuilder) createIndex(ctx context.Context) error {
 // copyAll fills the new index from the old one or from the source, then
 // moves to catching_up. An interrupted copy starts over: the PIT it read
 // is gone, and copying a document twice is harmless.
-func (r *rebuilder) copyAll(ctx context.Context, rep *RebuildReport) error {
+func (r *runner) copyAll(ctx context.Context, rep *Report) error {
 	if err := r.createIndex(ctx); err != nil {
 		return err
 	}
@@ -434,11 +434,11 @@ func (r *rebuilder) copyAll(ctx context.Context, rep *RebuildReport) error {
 		r.o.Progress.SetTotal(total)
 		_ = r.st.setTotal(ctx, total)
 	}
-	opts := scan.ScanOptions{Indices: old, PageSize: r.o.Batch, Refresh: true}
+	opts := scan.Options{Indices: old, PageSize: r.o.Batch, Refresh: true}
 	if r.o.From == "source" {
 		opts.Query = tombstones
 	}
-	err = scan.Scan(ctx, r.o.ES, opts, func(h scan.ScanHit) error {
+	err = scan.Each(ctx, r.o.ES, opts, func(h scan.Hit) error {
 		return w.add(indexer.CopyItem{ID: h.ID, Version: h.Version, Source: bytes.Clone(h.Source)})
 	})
 	if err != nil {
@@ -456,7 +456,7 @@ func (r *rebuilder) copyAll(ctx context.Context, rep *RebuildReport) error {
 
 // copySource streams the rows of SourceSQL, in a read-only snapshot, to
 // the writer and returns how many there were.
-func (r *rebuilder) copySource(ctx context.Context, w *copyWriter, tombstones int64) (int64, error) {
+func (r *runner) copySource(ctx context.Context, w *copyWriter, tombstones int64) (int64, error) {
 	bo := source.Query{Index: r.o.Index, SourceSQL: r.o.SourceSQL, Batch: r.o.Batch, SourceTimeout: r.o.SourceTimeout}
 	conn, err := r.o.Pool.Acquire(ctx)
 	if err != nil {
@@ -498,7 +498,7 @@ func (r *rebuilder) copySource(ctx context.Context, w *copyWriter, tombstones in
 // catchUp copies the old index's documents above each shard's checkpoint
 // and advances the checkpoints to those read before the refresh: every
 // write up to them is then visible and copied.
-func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
+func (r *runner) catchUp(ctx context.Context) (int64, error) {
 	if err := r.st.check(ctx); err != nil {
 		return 0, err
 	}
@@ -530,7 +530,7 @@ func (r *rebuilder) catchUp(ctx context.Context) (int64, error) {
 // request costs its window, not the whole rest of the shard. No point in
 // time: a document changed meanwhile moves to a higher _seq_no, which a
 // later window or the next round sees.
-func (r *rebuilder) scanShard(ctx context.Context, shard string, from, to int64, w *copyWriter) error {
+func (r *runner) scanShard(ctx context.Context, shard string, from, to int64, w *copyWriter) error {
 	op := "catch up " + r.cur.Old + " shard " + shard
 	for lo := from; lo < to; lo += int64(r.o.Batch) {
 		body, _ := json.Marshal(map[string]any{
@@ -541,7 +541,7 @@ func (r *rebuilder) scanShard(ctx context.Context, shard string, from, to int64,
 		})
 		var page struct {
 			Hits struct {
-				Hits []scan.ScanHit `json:"hits"`
+				Hits []scan.Hit `json:"hits"`
 			} `json:"hits"`
 		}
 		if err := scan.Do(ctx, r.o.ES, op, esapi.SearchRequest{Index: []string{r.cur.Old}, Preference: "_shards:" + shard, Body: bytes.NewReader(body)}, &page); err != nil {
@@ -559,7 +559,7 @@ func (r *rebuilder) scanShard(ctx context.Context, shard string, from, to int64,
 // swap moves the three names in one atomic request. The remove of N-write
 // must find it on the old index, so a layout changed by someone else fails
 // the whole request instead of being overwritten.
-func (r *rebuilder) swap(ctx context.Context) error {
+func (r *runner) swap(ctx context.Context) error {
 	if _, err := indexer.Perform(ctx, r.o.ES, "refresh "+r.cur.New, esapi.IndicesRefreshRequest{Index: []string{r.cur.New}}); err != nil {
 		return err
 	}
@@ -593,7 +593,7 @@ func (r *rebuilder) swap(ctx context.Context) error {
 
 // blockWrites makes the old index read-only for writes (index.blocks.write)
 // once the names have left it.
-func (r *rebuilder) blockWrites(ctx context.Context) error {
+func (r *runner) blockWrites(ctx context.Context) error {
 	if err := r.st.check(ctx); err != nil {
 		return err
 	}
@@ -603,14 +603,14 @@ func (r *rebuilder) blockWrites(ctx context.Context) error {
 	return nil
 }
 
-// AbortRebuild deletes the half-built index of an unfinished rebuild of
+// Abort deletes the half-built index of an unfinished rebuild of
 // name and returns its name. A swapped rebuild cannot be aborted: N
 // already reads the new index.
-func AbortRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es *elasticsearch.Client, name string) (string, error) {
+func Abort(ctx context.Context, pool *pgxpool.Pool, schemaName string, es *elasticsearch.Client, name string) (string, error) {
 	if err := indexer.CheckName(name); err != nil {
 		return "", err
 	}
-	st, unlock, err := lockRebuild(ctx, pool, schemaName, name)
+	st, unlock, err := openStore(ctx, pool, schemaName, name)
 	if err != nil {
 		return "", err
 	}
@@ -640,14 +640,14 @@ func AbortRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName string, es
 	return cur.New, st.setPhase(ctx, PhaseAborted)
 }
 
-// DropOldIndex deletes the index a finished rebuild of name swapped away
+// DropOld deletes the index a finished rebuild of name swapped away
 // from, after one more catch-up of anything written to it late, and
 // returns its name.
-func DropOldIndex(ctx context.Context, pool *pgxpool.Pool, schemaName string, es *elasticsearch.Client, name string) ([]string, error) {
+func DropOld(ctx context.Context, pool *pgxpool.Pool, schemaName string, es *elasticsearch.Client, name string) ([]string, error) {
 	if err := indexer.CheckName(name); err != nil {
 		return nil, err
 	}
-	st, unlock, err := lockRebuild(ctx, pool, schemaName, name)
+	st, unlock, err := openStore(ctx, pool, schemaName, name)
 	if err != nil {
 		return nil, err
 	}
@@ -665,7 +665,7 @@ func DropOldIndex(ctx context.Context, pool *pgxpool.Pool, schemaName string, es
 // dropKeptOld deletes cur's old index when force is set or its keep time
 // has passed. A later rebuild refuses to start while it is kept: the
 // rebuilds table remembers one old index per name.
-func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore, cur *rebuildRow, force bool) ([]string, error) {
+func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *store, cur *record, force bool) ([]string, error) {
 	if cur.Phase == PhaseAborted || cur.Dropped {
 		if force {
 			return nil, fmt.Errorf("indexer: rebuild %s: the old index %s was already dropped", st.index, cur.Old)
@@ -696,7 +696,7 @@ func dropKeptOld(ctx context.Context, es *elasticsearch.Client, st *rebuildStore
 	}
 	// Late writes to the old index (bulk requests that resolved N-write
 	// before the swap) are copied before it goes.
-	r := &rebuilder{o: RebuildOptions{ES: es, Batch: 1000, Workers: 2, OutageTimeout: time.Minute, Logger: slog.New(slog.DiscardHandler)}, st: st, cur: cur}
+	r := &runner{o: Options{ES: es, Batch: 1000, Workers: 2, OutageTimeout: time.Minute, Logger: slog.New(slog.DiscardHandler)}, st: st, cur: cur}
 	if _, err := r.catchUp(ctx); err != nil {
 		return nil, err
 	}

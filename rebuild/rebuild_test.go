@@ -51,15 +51,15 @@ func setupRebuildSpec(t *testing.T, rows int, spec string) *backfillEnv {
 			}
 		}
 	})
-	if _, err := backfill.Backfill(context.Background(), e.opts(newSink(t, indexer.Options{Client: e.es, IndexSpec: []byte(spec)}))); err != nil {
+	if _, err := backfill.Run(context.Background(), e.opts(newSink(t, indexer.Options{Client: e.es, IndexSpec: []byte(spec)}))); err != nil {
 		t.Fatal(err)
 	}
 	refresh(t, e.es, e.name)
 	return e
 }
 
-func (e *backfillEnv) rebuildOpts() RebuildOptions {
-	return RebuildOptions{Pool: e.pool, Schema: e.schema, ES: e.es, Index: e.name, Mappings: []byte(textMappings), Grace: 500 * time.Millisecond}
+func (e *backfillEnv) rebuildOpts() Options {
+	return Options{Pool: e.pool, Schema: e.schema, ES: e.es, Index: e.name, Mappings: []byte(textMappings), Grace: 500 * time.Millisecond}
 }
 
 // aliasTarget returns the concrete indices behind alias.
@@ -210,7 +210,7 @@ func TestRebuild(t *testing.T) {
 		mustWrite(t, newSink(t, indexer.Options{Client: e.es}), upsert(e.name, "odd", 1, `{"title":"x","n":"not a number"}`), upsert(e.name, "even", 1, `{"title":"y","n":"2"}`))
 		o := e.rebuildOpts()
 		o.Mappings = []byte(`{"mappings":{"properties":{"n":{"type":"long"}}}}`)
-		rep, err := Rebuild(ctx, o)
+		rep, err := Run(ctx, o)
 		var re *RejectedError
 		if !errors.As(err, &re) || re.Rejected != 1 || len(rep.Samples) != 1 || rep.Samples[0].ID != "odd" || rep.Swapped {
 			t.Fatalf("first run: %+v, %v", rep, err)
@@ -219,7 +219,7 @@ func TestRebuild(t *testing.T) {
 			t.Fatalf("%s points at %s after a refused rebuild", e.name, got)
 		}
 		o.AcceptRejected = true
-		rep, err = Rebuild(ctx, o)
+		rep, err = Run(ctx, o)
 		if err != nil || !rep.Swapped || rep.Rejected != 1 {
 			t.Fatalf("accepted: %+v, %v", rep, err)
 		}
@@ -234,15 +234,15 @@ func TestRebuild(t *testing.T) {
 		e := setupRebuild(t, 3000)
 		o := e.rebuildOpts()
 		o.Batch = 100
-		_, unlock, err := lockRebuild(ctx, e.pool, e.schema, e.name)
+		_, unlock, err := openStore(ctx, e.pool, e.schema, e.name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Rebuild(ctx, o); err == nil || !strings.Contains(err.Error(), "another rebuild") {
+		if _, err := Run(ctx, o); err == nil || !strings.Contains(err.Error(), "another rebuild") {
 			t.Fatalf("a second rebuild at once: %v", err)
 		}
 		unlock()
-		_, err = Rebuild(cancelWhen(func() bool {
+		_, err = Run(cancelWhen(func() bool {
 			var n int64
 			_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(copied), 0) FROM "`+e.schema+`".rebuilds`).Scan(&n)
 			return n >= 500
@@ -251,10 +251,10 @@ func TestRebuild(t *testing.T) {
 			t.Fatalf("first run: %v", err)
 		}
 		o.Mappings = nil
-		if _, err := Rebuild(ctx, o); err == nil || !strings.Contains(err.Error(), "other mappings") {
+		if _, err := Run(ctx, o); err == nil || !strings.Contains(err.Error(), "other mappings") {
 			t.Fatalf("rerun with other options: %v", err)
 		}
-		gone, err := AbortRebuild(ctx, e.pool, e.schema, e.es, e.name)
+		gone, err := Abort(ctx, e.pool, e.schema, e.es, e.name)
 		if err != nil || gone != e.name+"-000002" {
 			t.Fatalf("abort: %q, %v", gone, err)
 		}
@@ -264,30 +264,30 @@ func TestRebuild(t *testing.T) {
 		if p, _ := e.phase(t); p != PhaseAborted {
 			t.Fatalf("phase after abort: %s", p)
 		}
-		if _, err := AbortRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil {
+		if _, err := Abort(ctx, e.pool, e.schema, e.es, e.name); err == nil {
 			t.Fatal("a second abort found something to abort")
 		}
 
 		// Without mappings the new index keeps the old one's.
 		o.Keep = time.Hour
-		rep, err := Rebuild(ctx, o)
+		rep, err := Run(ctx, o)
 		if err != nil || !rep.Swapped || rep.NewIndex != e.name+"-000002" || rep.Copied != 3000 {
 			t.Fatalf("rebuild after abort: %+v, %v", rep, err)
 		}
 		if st, b := esCall(t, e.es, "GET", "/"+rep.NewIndex+"/_mapping/field/title", ""); st != 200 || !strings.Contains(string(b), `"type":"keyword"`) {
 			t.Fatalf("mapping of title: %d %s", st, b)
 		}
-		if _, err := AbortRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil {
+		if _, err := Abort(ctx, e.pool, e.schema, e.es, e.name); err == nil {
 			t.Fatal("abort after the swap succeeded")
 		}
-		if _, err := Rebuild(ctx, o); err == nil || !strings.Contains(err.Error(), "kept until") {
+		if _, err := Run(ctx, o); err == nil || !strings.Contains(err.Error(), "kept until") {
 			t.Fatalf("rebuild while the old index is kept: %v", err)
 		}
 		// Its time passed: the next rebuild drops it and goes on.
 		if _, err := e.pool.Exec(ctx, `UPDATE "`+e.schema+`".rebuilds SET keep_until = now() - interval '1 second'`); err != nil {
 			t.Fatal(err)
 		}
-		rep, err = Rebuild(ctx, o)
+		rep, err = Run(ctx, o)
 		if err != nil || len(rep.DroppedOld) != 1 || rep.DroppedOld[0] != indexer.FirstIndex(e.name) || rep.NewIndex != e.name+"-000003" {
 			t.Fatalf("rebuild after the keep time: %+v, %v", rep, err)
 		}
@@ -307,7 +307,7 @@ func TestRebuild(t *testing.T) {
 		mustWrite(t, newSink(t, indexer.Options{Client: e.es}), del(e.name, "a0000002", 3))
 		o := e.rebuildOpts()
 		o.From, o.SourceSQL = "source", `SELECT id, version, json_build_object('id', id, 'title', 'from source ' || title), id = 'a0000003' FROM `+e.table
-		rep, err := Rebuild(ctx, o)
+		rep, err := Run(ctx, o)
 		if err != nil || !rep.Swapped {
 			t.Fatalf("rebuild: %+v, %v", rep, err)
 		}
@@ -343,7 +343,7 @@ func TestRebuild(t *testing.T) {
 			}
 			late <- 0
 		}()
-		rep, err := Rebuild(ctx, o)
+		rep, err := Run(ctx, o)
 		if err != nil || !rep.Swapped {
 			t.Fatalf("rebuild: %+v, %v", rep, err)
 		}
@@ -358,7 +358,7 @@ func TestRebuild(t *testing.T) {
 		if st, b := esCall(t, e.es, "PUT", "/"+old+"/_doc/a0000002?version=60&version_type=external", `{"outboxd_deleted":true}`); st != 403 || !strings.Contains(string(b), "cluster_block_exception") {
 			t.Fatalf("a write to the old index after the rebuild: HTTP %d %s; want it refused by the write block", st, b)
 		}
-		if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+		if _, err := DropOld(ctx, e.pool, e.schema, e.es, e.name); err != nil {
 			t.Fatal(err)
 		}
 		if docs := searchRead(t, e.es, e.name); len(docs) != 10 {
@@ -369,16 +369,16 @@ func TestRebuild(t *testing.T) {
 	t.Run("a rebuild killed after the swap but before storing it is finished by the next run and cannot be aborted", func(t *testing.T) {
 		t.Parallel()
 		e := setupRebuild(t, 10)
-		if _, err := Rebuild(ctx, e.rebuildOpts()); err != nil {
+		if _, err := Run(ctx, e.rebuildOpts()); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := e.pool.Exec(ctx, `UPDATE "`+e.schema+`".rebuilds SET phase = 'catching_up', swapped_at = NULL, finished_at = NULL`); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := AbortRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "already swapped") {
+		if _, err := Abort(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "already swapped") {
 			t.Fatalf("abort: %v", err)
 		}
-		rep, err := Rebuild(ctx, e.rebuildOpts())
+		rep, err := Run(ctx, e.rebuildOpts())
 		if err != nil || rep.Resumed != PhaseSwapped || rep.NewIndex != e.name+"-000002" {
 			t.Fatalf("rerun: %+v, %v", rep, err)
 		}
@@ -391,18 +391,18 @@ func TestRebuild(t *testing.T) {
 		t.Parallel()
 		pool, es := new(pgxpool.Pool), new(elasticsearch.Client) // refused before any use
 		for _, c := range []struct {
-			o    RebuildOptions
+			o    Options
 			want string
 		}{
-			{RebuildOptions{ES: es, Index: "x"}, "pool"},
-			{RebuildOptions{Pool: pool, Index: "x"}, "client"},
-			{RebuildOptions{Pool: pool, ES: es, Index: "X"}, "lowercase"},
-			{RebuildOptions{Pool: pool, ES: es, Index: "x", From: "elsewhere"}, `from: must be "index" or "source"`},
-			{RebuildOptions{Pool: pool, ES: es, Index: "x", From: "source"}, "source_sql: required"},
-			{RebuildOptions{Pool: pool, ES: es, Index: "x", SourceSQL: "SELECT 1"}, "source_sql: only used with from=source"},
-			{RebuildOptions{Pool: pool, ES: es, Index: "x", Keep: -time.Second}, "keep: must not be negative"},
+			{Options{ES: es, Index: "x"}, "pool"},
+			{Options{Pool: pool, Index: "x"}, "client"},
+			{Options{Pool: pool, ES: es, Index: "X"}, "lowercase"},
+			{Options{Pool: pool, ES: es, Index: "x", From: "elsewhere"}, `from: must be "index" or "source"`},
+			{Options{Pool: pool, ES: es, Index: "x", From: "source"}, "source_sql: required"},
+			{Options{Pool: pool, ES: es, Index: "x", SourceSQL: "SELECT 1"}, "source_sql: only used with from=source"},
+			{Options{Pool: pool, ES: es, Index: "x", Keep: -time.Second}, "keep: must not be negative"},
 		} {
-			if _, err := Rebuild(ctx, c.o); err == nil || !strings.Contains(err.Error(), c.want) {
+			if _, err := Run(ctx, c.o); err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("%+v: %v, want %q", c.o, err, c.want)
 			}
 		}
@@ -447,7 +447,7 @@ func proveRebuild(t *testing.T, from string) {
 	if from == "source" {
 		o.From, o.SourceSQL = "source", e.sourceSQL()
 	}
-	_, err := Rebuild(cancelWhen(func() bool {
+	_, err := Run(cancelWhen(func() bool {
 		var n int64
 		_ = e.pool.QueryRow(ctx, `SELECT coalesce(max(copied), 0) FROM "`+e.schema+`".rebuilds`).Scan(&n)
 		return n >= int64(rows/3)
@@ -472,7 +472,7 @@ func proveRebuild(t *testing.T, from string) {
 	// log line cancels the run before its next request.
 	cctx, cancel := context.WithCancel(ctx)
 	o.Logger = slog.New(cancelOn{msg: "rebuild caught up", cancel: cancel})
-	_, err = Rebuild(cctx, o)
+	_, err = Run(cctx, o)
 	cancel()
 	o.Logger = nil
 	if !errors.Is(err, context.Canceled) {
@@ -485,7 +485,7 @@ func proveRebuild(t *testing.T, from string) {
 		t.Fatalf("during the catch-up %s points at %s", e.name, got)
 	}
 
-	rep, err := Rebuild(ctx, o)
+	rep, err := Run(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,7 +521,7 @@ func proveRebuild(t *testing.T, from string) {
 		t.Fatal("a word of a text title finds nothing")
 	}
 
-	dropped, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name)
+	dropped, err := DropOld(ctx, e.pool, e.schema, e.es, e.name)
 	if err != nil || len(dropped) != 1 || dropped[0] != old {
 		t.Fatalf("drop old: %v, %v", dropped, err)
 	}

@@ -32,7 +32,7 @@ func TestRebuildSettingsMerge(t *testing.T) {
 	o := e.rebuildOpts()
 	o.Mappings = nil
 	o.Settings = []byte(`{"settings":{"index":{"refresh_interval":"2s"}}}`)
-	rep, err := Rebuild(context.Background(), o)
+	rep, err := Run(context.Background(), o)
 	if err != nil || !rep.Swapped {
 		t.Fatalf("rebuild: %+v, %v", rep, err)
 	}
@@ -54,7 +54,7 @@ func TestRebuildKilledAfterSwapThenDropOld(t *testing.T) {
 	o := e.rebuildOpts()
 	cctx, cancel := context.WithCancel(ctx)
 	o.Logger = slog.New(cancelOn{msg: "rebuild swapped", cancel: cancel})
-	_, err := Rebuild(cctx, o)
+	_, err := Run(cctx, o)
 	cancel()
 	o.Logger = nil
 	if !errors.Is(err, context.Canceled) {
@@ -63,20 +63,20 @@ func TestRebuildKilledAfterSwapThenDropOld(t *testing.T) {
 	if p, _ := e.phase(t); p != PhaseSwapped {
 		t.Fatalf("phase after the kill: %s", p)
 	}
-	if _, err := AbortRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "--drop-old") {
+	if _, err := Abort(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "--drop-old") {
 		t.Fatalf("abort of a swapped rebuild: %v; want it to say the way forward", err)
 	}
-	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+	if _, err := DropOld(ctx, e.pool, e.schema, e.es, e.name); err != nil {
 		t.Fatalf("drop-old: %v", err)
 	}
 	if p, _ := e.phase(t); p != PhaseDone {
 		t.Errorf("phase after drop-old of a swapped rebuild: %s, want done", p)
 	}
-	if open, err := Rebuilds(ctx, e.pool, e.schema); err != nil || len(open) != 0 {
+	if open, err := Unfinished(ctx, e.pool, e.schema); err != nil || len(open) != 0 {
 		t.Errorf("rebuilds in progress after drop-old: %+v, %v", open, err)
 	}
 	o.Mappings = nil
-	rep, err := Rebuild(ctx, o)
+	rep, err := Run(ctx, o)
 	if err != nil || !rep.Swapped || rep.NewIndex != e.name+"-000003" {
 		t.Fatalf("the next rebuild: %+v, %v", rep, err)
 	}
@@ -94,7 +94,7 @@ func TestRebuildRefusesIndexWithoutFullSource(t *testing.T) {
 		t.Run("a copy from an index with "+c.what+" is refused, naming --from source", func(t *testing.T) {
 			t.Parallel()
 			e := setupRebuildSpec(t, 5, `{"mappings":{"_source":`+c.source+`,"properties":{"title":{"type":"keyword"}}}}`)
-			_, err := Rebuild(context.Background(), e.rebuildOpts())
+			_, err := Run(context.Background(), e.rebuildOpts())
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--from source") {
 				t.Fatalf("rebuild from the index: %v; want a refusal naming %q and --from source", err, c.want)
 			}
@@ -112,7 +112,7 @@ func TestRebuildNeverDeletesLiveIndex(t *testing.T) {
 	first, second := indexer.FirstIndex(e.name), e.name+"-000002"
 	o := e.rebuildOpts()
 	o.Keep = time.Hour
-	if rep, err := Rebuild(ctx, o); err != nil || !rep.Swapped {
+	if rep, err := Run(ctx, o); err != nil || !rep.Swapped {
 		t.Fatalf("rebuild: %+v, %v", rep, err)
 	}
 	// The operator undoes the rebuild: every name back on the old index.
@@ -130,12 +130,12 @@ func TestRebuildNeverDeletesLiveIndex(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `UPDATE "`+e.schema+`".rebuilds SET keep_until = now() - interval '1 second'`); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Rebuild(ctx, o)
+	_, err := Run(ctx, o)
 	t.Logf("rebuild after the undo: %v", err)
 	if ok, _ := indexExists(ctx, e.es, first); !ok {
 		t.Fatalf("the rebuild after the undo deleted %s, the index the names point at", first)
 	}
-	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "never deletes") {
+	if _, err := DropOld(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), "never deletes") {
 		t.Fatalf("drop-old of the live index: %v; want a refusal", err)
 	}
 	if docs := searchRead(t, e.es, e.name); len(docs) != 20 {
@@ -160,10 +160,10 @@ func TestBootstrapRefusesToStartARebuiltIndexOver(t *testing.T) {
 	ctx := context.Background()
 	e := setupRebuild(t, 20)
 	first, second := indexer.FirstIndex(e.name), e.name+"-000002"
-	if rep, err := Rebuild(ctx, e.rebuildOpts()); err != nil || !rep.Swapped {
+	if rep, err := Run(ctx, e.rebuildOpts()); err != nil || !rep.Swapped {
 		t.Fatalf("rebuild: %+v, %v", rep, err)
 	}
-	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+	if _, err := DropOld(ctx, e.pool, e.schema, e.es, e.name); err != nil {
 		t.Fatalf("drop-old: %v", err)
 	}
 	// The rebuilt index deleted by hand, with its aliases: no index of the
@@ -171,7 +171,7 @@ func TestBootstrapRefusesToStartARebuiltIndexOver(t *testing.T) {
 	if st, b := esCall(t, e.es, "DELETE", "/"+second, ""); st != 200 {
 		t.Fatalf("delete %s: %d %s", second, st, b)
 	}
-	sink := newSink(t, indexer.Options{Client: e.es, Rebuilt: RebuiltIndex(e.pool, e.schema)})
+	sink := newSink(t, indexer.Options{Client: e.es, Rebuilt: Home(e.pool, e.schema)})
 	_, err := sink.Write(ctx, []outbox.Event{upsert(e.name, "new", 1, `{"title":"x"}`)})
 	if !indexer.IsConfig(err) || !strings.Contains(err.Error(), second+", which is gone") || !strings.Contains(err.Error(), "--forget") {
 		t.Fatalf("a write after %s was deleted: %v; want the sink paused, naming %s and --forget", second, err, second)
@@ -184,13 +184,13 @@ func TestBootstrapRefusesToStartARebuiltIndexOver(t *testing.T) {
 		if st, b := esCall(t, e.es, "PUT", "/"+second, ""); st != 200 {
 			t.Fatalf("create %s: %d %s", second, st, b)
 		}
-		if err := ForgetRebuild(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), second+" still exists") {
+		if err := Forget(ctx, e.pool, e.schema, e.es, e.name); err == nil || !strings.Contains(err.Error(), second+" still exists") {
 			t.Fatalf("forget with %s there: %v; want a refusal", second, err)
 		}
 		esCall(t, e.es, "DELETE", "/"+second, "")
 	})
 	t.Run("after forget the index starts over empty", func(t *testing.T) {
-		if err := ForgetRebuild(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+		if err := Forget(ctx, e.pool, e.schema, e.es, e.name); err != nil {
 			t.Fatalf("forget: %v", err)
 		}
 		outs, err := sink.Write(ctx, []outbox.Event{upsert(e.name, "new", 1, `{"title":"x"}`)})
@@ -225,7 +225,7 @@ func TestRebuildThatLostItsLockStops(t *testing.T) {
 	ctx := context.Background()
 	e := setupRebuild(t, 200)
 	key := e.schema + "." + e.name
-	var second *RebuildReport
+	var second *Report
 	var secondErr error
 	o := e.rebuildOpts()
 	o.Batch = 50
@@ -254,14 +254,14 @@ func TestRebuildThatLostItsLockStops(t *testing.T) {
 			t.Errorf("terminate %d: %t, %v", pids[0], ok, err)
 		}
 		b := e.rebuildOpts()
-		second, secondErr = Rebuild(ctx, b)
+		second, secondErr = Run(ctx, b)
 	}})
-	first, err := Rebuild(ctx, o)
+	first, err := Run(ctx, o)
 	if secondErr != nil || second == nil || !second.Swapped {
 		t.Fatalf("run B: %+v, %v", second, secondErr)
 	}
-	if !errors.Is(err, ErrLostRebuild) {
-		t.Fatalf("run A after losing its lock: %+v, %v; want ErrLostRebuild", first, err)
+	if !errors.Is(err, ErrLostLock) {
+		t.Fatalf("run A after losing its lock: %+v, %v; want ErrLostLock", first, err)
 	}
 	if first.Run == second.Run || !strings.Contains(err.Error(), first.Run) {
 		t.Errorf("run ids: A %q, B %q; A's error %v should name A", first.Run, second.Run, err)
@@ -286,7 +286,7 @@ func TestRebuildWithOtherSettingsDoesNotSilentlyFinishTheOldOne(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setupRebuild(t, 10)
-	if _, err := Rebuild(ctx, e.rebuildOpts()); err != nil {
+	if _, err := Run(ctx, e.rebuildOpts()); err != nil {
 		t.Fatal(err)
 	}
 	// Killed after the swap, before storing it.
@@ -296,17 +296,17 @@ func TestRebuildWithOtherSettingsDoesNotSilentlyFinishTheOldOne(t *testing.T) {
 	o := e.rebuildOpts()
 	o.Mappings = nil
 	o.Settings = []byte(`{"index":{"refresh_interval":"3s"}}`)
-	rep, err := Rebuild(ctx, o)
+	rep, err := Run(ctx, o)
 	if err == nil || !strings.Contains(err.Error(), "NOT applied") {
 		t.Fatalf("rebuild --settings over an unfinished rebuild: %+v, %v; want an error saying the settings were not applied", rep, err)
 	}
 	if p, _ := e.phase(t); p != PhaseDone {
 		t.Fatalf("phase of the earlier rebuild: %s", p)
 	}
-	if _, err := DropOldIndex(ctx, e.pool, e.schema, e.es, e.name); err != nil {
+	if _, err := DropOld(ctx, e.pool, e.schema, e.es, e.name); err != nil {
 		t.Fatal(err)
 	}
-	rep, err = Rebuild(ctx, o)
+	rep, err = Run(ctx, o)
 	if err != nil || !rep.Swapped || !strings.Contains(settingsOf(t, e, rep.NewIndex), `"index.refresh_interval":"3s"`) {
 		t.Fatalf("the rebuild run again: %+v, %v", rep, err)
 	}

@@ -18,8 +18,8 @@ import (
 	"github.com/outboxd/outboxd/schema"
 )
 
-// rebuildRow is the rebuilds table's row of one index name.
-type rebuildRow struct {
+// record is the rebuilds table's row of one index name.
+type record struct {
 	Old, New    string
 	Phase       string
 	Hash        string
@@ -31,7 +31,7 @@ type rebuildRow struct {
 	Dropped     bool
 }
 
-type rebuildStore struct {
+type store struct {
 	pool  *pgxpool.Pool
 	table string
 	index string
@@ -45,15 +45,15 @@ type rebuildStore struct {
 	lock *pgxpool.Conn
 }
 
-// ErrLostRebuild is returned by a run that no longer owns its rebuild: its
+// ErrLostLock is returned by a run that no longer owns its rebuild: its
 // lock's session ended or another run took the rebuild over. It stopped
 // before its next state write or Elasticsearch change; run it again.
-var ErrLostRebuild = errors.New("this run lost its rebuild lock")
+var ErrLostLock = errors.New("this run lost its rebuild lock")
 
-// lockRebuild takes the session advisory lock of name's rebuild on a
+// openStore takes the session advisory lock of name's rebuild on a
 // dedicated connection: one rebuild, abort or drop of a name at a time. A
 // killed process's connection closes and frees it.
-func lockRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName, name string) (*rebuildStore, func(), error) {
+func openStore(ctx context.Context, pool *pgxpool.Pool, schemaName, name string) (*store, func(), error) {
 	if pool == nil {
 		return nil, nil, errors.New("indexer: rebuild: pool: no PostgreSQL pool")
 	}
@@ -86,13 +86,13 @@ func lockRebuild(ctx context.Context, pool *pgxpool.Pool, schemaName, name strin
 	}
 	var run [6]byte
 	_, _ = rand.Read(run[:])
-	return &rebuildStore{pool: pool, table: id + ".rebuilds", index: name, run: hex.EncodeToString(run[:]), lock: conn}, unlock, nil
+	return &store{pool: pool, table: id + ".rebuilds", index: name, run: hex.EncodeToString(run[:]), lock: conn}, unlock, nil
 }
 
 // onLock runs f on the lock's session. A cancelled ctx stops it before it
 // starts, never midway: pgx closes a connection whose query is cancelled,
 // and the lock would then stay held until the server noticed.
-func (s *rebuildStore) onLock(ctx context.Context, f func(ctx context.Context, conn *pgxpool.Conn) error) error {
+func (s *store) onLock(ctx context.Context, f func(ctx context.Context, conn *pgxpool.Conn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -104,17 +104,17 @@ func (s *rebuildStore) onLock(ctx context.Context, f func(ctx context.Context, c
 }
 
 // lost wraps a failure of the lock's session, or a row owned by another
-// run, as ErrLostRebuild.
-func (s *rebuildStore) lost(err error) error {
+// run, as ErrLostLock.
+func (s *store) lost(err error) error {
 	if err == nil {
-		return fmt.Errorf("indexer: rebuild %s: run %s: %w (another run took the rebuild over); stopped", s.index, s.run, ErrLostRebuild)
+		return fmt.Errorf("indexer: rebuild %s: run %s: %w (another run took the rebuild over); stopped", s.index, s.run, ErrLostLock)
 	}
-	return fmt.Errorf("indexer: rebuild %s: run %s: %w (its session is gone: %v); stopped", s.index, s.run, ErrLostRebuild, err)
+	return fmt.Errorf("indexer: rebuild %s: run %s: %w (its session is gone: %v); stopped", s.index, s.run, ErrLostLock, err)
 }
 
-// check fails with ErrLostRebuild unless this run still holds the lock and
+// check fails with ErrLostLock unless this run still holds the lock and
 // owns the row: called before every Elasticsearch change.
-func (s *rebuildStore) check(ctx context.Context) error {
+func (s *store) check(ctx context.Context) error {
 	var owner *string
 	err := s.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
 		return conn.QueryRow(ctx, `SELECT run_id FROM `+s.table+` WHERE index_name = $1`, s.index).Scan(&owner)
@@ -132,9 +132,9 @@ func (s *rebuildStore) check(ctx context.Context) error {
 	return nil
 }
 
-func (s *rebuildStore) load(ctx context.Context) (*rebuildRow, error) {
+func (s *store) load(ctx context.Context) (*record, error) {
 	var (
-		r       rebuildRow
+		r       record
 		cps     []byte
 		samples []byte
 	)
@@ -158,7 +158,7 @@ RETURNING old_index, new_index, phase, options_hash, checkpoints, copied, reject
 }
 
 // begin replaces the row of a finished or aborted rebuild with a new one.
-func (s *rebuildStore) begin(ctx context.Context, r *rebuildRow) error {
+func (s *store) begin(ctx context.Context, r *record) error {
 	cps, _ := json.Marshal(r.Checkpoints)
 	var tag pgconn.CommandTag
 	err := s.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) (err error) {
@@ -184,7 +184,7 @@ WHERE `+s.table+`.run_id IS NOT DISTINCT FROM $7`,
 }
 
 // exec updates the row if this run owns it, on the lock's session.
-func (s *rebuildStore) exec(ctx context.Context, set string, args ...any) error {
+func (s *store) exec(ctx context.Context, set string, args ...any) error {
 	var tag pgconn.CommandTag
 	err := s.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) (err error) {
 		tag, err = conn.Exec(ctx, `UPDATE `+s.table+` SET `+set+`, updated_at = now() WHERE index_name = $1 AND run_id = $2`, append([]any{s.index, s.run}, args...)...)
@@ -201,37 +201,37 @@ func (s *rebuildStore) exec(ctx context.Context, set string, args ...any) error 
 	return nil
 }
 
-func (s *rebuildStore) resetCopy(ctx context.Context) error {
+func (s *store) resetCopy(ctx context.Context) error {
 	return s.exec(ctx, `copied = 0, rejected = 0, rejected_samples = '[]'`)
 }
 
-func (s *rebuildStore) setTotal(ctx context.Context, n int64) error {
+func (s *store) setTotal(ctx context.Context, n int64) error {
 	return s.exec(ctx, `total = $3`, n)
 }
 
-func (s *rebuildStore) addCopied(ctx context.Context, n int64) error {
+func (s *store) addCopied(ctx context.Context, n int64) error {
 	return s.exec(ctx, `copied = copied + $3`, n)
 }
 
 // addRejected counts a refused document and keeps the first 20 as samples.
-func (s *rebuildStore) addRejected(ctx context.Context, id, reason string) error {
+func (s *store) addRejected(ctx context.Context, id, reason string) error {
 	sample, _ := json.Marshal([]source.Reject{{ID: id, Reason: reason}})
 	return s.exec(ctx, `rejected = rejected + 1,
 	rejected_samples = CASE WHEN jsonb_array_length(rejected_samples) < 20 THEN rejected_samples || $3::jsonb ELSE rejected_samples END`, sample)
 }
 
-func (s *rebuildStore) setCheckpoints(ctx context.Context, cps map[string]int64) error {
+func (s *store) setCheckpoints(ctx context.Context, cps map[string]int64) error {
 	b, _ := json.Marshal(cps)
 	return s.exec(ctx, `checkpoints = $3`, b)
 }
 
-func (s *rebuildStore) setPhase(ctx context.Context, phase string) error {
+func (s *store) setPhase(ctx context.Context, phase string) error {
 	// The swap may have happened in a run that was killed before storing
 	// it; swapped_at then records when it was noticed.
 	return s.exec(ctx, `phase = $3, swapped_at = CASE WHEN $3 = 'swapped' THEN coalesce(swapped_at, now()) ELSE swapped_at END`, phase)
 }
 
-func (s *rebuildStore) finish(ctx context.Context, keep time.Duration) error {
+func (s *store) finish(ctx context.Context, keep time.Duration) error {
 	var until *time.Time
 	if keep > 0 {
 		t := time.Now().Add(keep)
@@ -240,19 +240,19 @@ func (s *rebuildStore) finish(ctx context.Context, keep time.Duration) error {
 	return s.exec(ctx, `phase = 'done', finished_at = now(), keep_until = $3`, until)
 }
 
-func (s *rebuildStore) dropped(ctx context.Context) error {
+func (s *store) dropped(ctx context.Context) error {
 	return s.exec(ctx, `old_dropped_at = now()`)
 }
 
-func (s *rebuildStore) wrap(err error) error {
+func (s *store) wrap(err error) error {
 	if err == nil {
 		return nil
 	}
 	return fmt.Errorf("indexer: rebuild %s: rebuilds table: %w", s.index, err)
 }
 
-// RebuildStatus is one row of the rebuilds table, for status pages.
-type RebuildStatus struct {
+// Status is one row of the rebuilds table, for status pages.
+type Status struct {
 	Index     string    `json:"index"`
 	OldIndex  string    `json:"old_index"`
 	NewIndex  string    `json:"new_index"`
@@ -264,11 +264,11 @@ type RebuildStatus struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// Rebuilds lists the rebuilds not yet done (copying, catching up or
+// Unfinished lists the rebuilds not yet done (copying, catching up or
 // swapped), oldest first.
-func Rebuilds(ctx context.Context, db interface {
+func Unfinished(ctx context.Context, db interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}, schemaName string) ([]RebuildStatus, error) {
+}, schemaName string) ([]Status, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err
@@ -282,8 +282,8 @@ FROM `+id+`.rebuilds WHERE phase IN ('copying', 'catching_up', 'swapped') ORDER 
 	if err != nil {
 		return nil, fmt.Errorf("indexer: rebuilds: %w", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (RebuildStatus, error) {
-		var r RebuildStatus
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Status, error) {
+		var r Status
 		err := row.Scan(&r.Index, &r.OldIndex, &r.NewIndex, &r.Phase, &r.Copied, &r.Total, &r.Rejected, &r.StartedAt, &r.UpdatedAt)
 		return r, err
 	})

@@ -15,7 +15,7 @@ import (
 // version again (a copy repeated after a restart, or the source's row for
 // what the index holds) overwrites, an older one is a conflict and loses.
 type copyWriter struct {
-	r       *rebuilder
+	r       *runner
 	counted bool // the copy phase: counted in the rebuilds table and the progress bar
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -28,7 +28,7 @@ type copyWriter struct {
 	err    error
 }
 
-func (r *rebuilder) newWriter(ctx context.Context, counted bool) *copyWriter {
+func (r *runner) newWriter(ctx context.Context, counted bool) *copyWriter {
 	ctx, cancel := context.WithCancel(ctx)
 	w := &copyWriter{r: r, counted: counted, ctx: ctx, cancel: cancel, queue: make(chan []indexer.CopyItem, r.o.Workers)}
 	for range r.o.Workers {

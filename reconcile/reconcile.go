@@ -24,7 +24,7 @@ import (
 	"github.com/outboxd/outboxd/outbox"
 )
 
-// Drift kinds reported by Reconcile.
+// Drift kinds reported by Run.
 const (
 	DriftMissing     = "missing"     // live in the source, not visible in the index
 	DriftStale       = "stale"       // visible at a lower version than the source's
@@ -37,8 +37,8 @@ const (
 // DefaultSourceTimeout is how long reconcile's source SQL may run by default.
 const DefaultSourceTimeout = 5 * time.Minute
 
-// ReconcileOptions configures Reconcile.
-type ReconcileOptions struct {
+// Options configures Run.
+type Options struct {
 	ES *elasticsearch.Client
 	DB *pgxpool.Pool
 	// Schema is the outbox schema fixes are appended to.
@@ -64,7 +64,7 @@ type ReconcileOptions struct {
 	// runs away is refused instead of changing or holding the database;
 	// 0 means DefaultSourceTimeout.
 	SourceTimeout time.Duration
-	// Apply appends fix events to the outbox (see Reconcile).
+	// Apply appends fix events to the outbox (see Run).
 	Apply bool
 	// Sample is the number of samples kept per kind; 0 means 10.
 	Sample int
@@ -72,7 +72,7 @@ type ReconcileOptions struct {
 	Operator string
 	// Batch is the number of fix events per transaction; 0 means 500.
 	Batch    int
-	Progress *progress.Progress
+	Progress *progress.Bar
 }
 
 // DriftSample is one example of a drift.
@@ -85,8 +85,8 @@ type DriftSample struct {
 	Fix           string `json:"fix"`
 }
 
-// ReconcileReport is the outcome of Reconcile.
-type ReconcileReport struct {
+// Report is the outcome of Run.
+type Report struct {
 	Index      string   `json:"index"`
 	Indices    []string `json:"indices"`
 	IndexDocs  int64    `json:"index_docs"`
@@ -107,7 +107,7 @@ type ReconcileReport struct {
 }
 
 // Drifted reports whether any drift was found.
-func (r *ReconcileReport) Drifted() bool {
+func (r *Report) Drifted() bool {
 	for _, n := range r.Counts {
 		if n > 0 {
 			return true
@@ -116,7 +116,7 @@ func (r *ReconcileReport) Drifted() bool {
 	return false
 }
 
-// reconState is what Reconcile keeps per source_id of the index: a few
+// reconState is what Run keeps per source_id of the index: a few
 // numbers, never a source.
 type reconState struct {
 	canonVersion int64 // _version at (write index, _id = source_id); 0 if none
@@ -126,7 +126,7 @@ type reconState struct {
 	seen         bool
 }
 
-// Reconcile compares the database's truth (SourceSQL) with every document
+// Run compares the database's truth (SourceSQL) with every document
 // behind Index and reports missing, stale, extra, resurrected, duplicate
 // and ahead documents, with counts and samples. A document's version is its
 // _version, which outboxd sets to the event's version; VersionField reads
@@ -134,7 +134,7 @@ type reconState struct {
 //
 // The index is scanned first into per-source_id state (a few integers per
 // key), then the SQL result is streamed against it, so memory grows with
-// the number of keys, not documents' size. A row written while Reconcile
+// the number of keys, not documents' size. A row written while it
 // runs may show up as missing or stale; the fix is then a harmless
 // duplicate event that the version gate absorbs.
 //
@@ -164,7 +164,7 @@ type reconState struct {
 // visible copy is not at _id = source_id in the write index are reported,
 // not fixed: an event only ever addresses _id = source_id; `outboxd
 // repair` handles the rest.
-func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, error) {
+func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
@@ -176,7 +176,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	if err != nil {
 		return nil, err
 	}
-	rep := &ReconcileReport{Index: opts.Index, Indices: indices, Counts: map[string]int64{}, Samples: map[string][]DriftSample{}, Applied: opts.Apply}
+	rep := &Report{Index: opts.Index, Indices: indices, Counts: map[string]int64{}, Samples: map[string][]DriftSample{}, Applied: opts.Apply}
 	for _, k := range []string{DriftMissing, DriftStale, DriftExtra, DriftResurrected, DriftDuplicate, DriftAhead} {
 		rep.Counts[k] = 0
 	}
@@ -199,7 +199,7 @@ func Reconcile(ctx context.Context, opts ReconcileOptions) (*ReconcileReport, er
 	return rep, nil
 }
 
-func (opts *ReconcileOptions) defaults() error {
+func (opts *Options) defaults() error {
 	switch {
 	case opts.ES == nil:
 		return fmt.Errorf("indexer: reconcile: es: no Elasticsearch client")
@@ -228,12 +228,12 @@ func (opts *ReconcileOptions) defaults() error {
 }
 
 // scanStates reads what the index holds per source_id.
-func scanStates(ctx context.Context, opts ReconcileOptions, indices []string, writeIndex string, rep *ReconcileReport) (map[string]reconState, error) {
+func scanStates(ctx context.Context, opts Options, indices []string, writeIndex string, rep *Report) (map[string]reconState, error) {
 	if n, err := scan.Count(ctx, opts.ES, indices); err == nil {
 		opts.Progress.SetTotal(n)
 	}
 	states := map[string]reconState{}
-	err := scan.Scan(ctx, opts.ES, scan.ScanOptions{Indices: indices, SourceIncludes: scan.Fields(nil, opts.VersionField, ""), Progress: opts.Progress, Refresh: true}, func(h scan.ScanHit) error {
+	err := scan.Each(ctx, opts.ES, scan.Options{Indices: indices, SourceIncludes: scan.Fields(nil, opts.VersionField, ""), Progress: opts.Progress, Refresh: true}, func(h scan.Hit) error {
 		rep.IndexDocs++
 		sid, d, _, err := scan.Key(h, []string{"source_id"}, opts.VersionField, "")
 		if err != nil {
@@ -438,7 +438,7 @@ type aheadRow struct {
 }
 
 // ahead reads the indexed documents of rows and turns those whose content
-// differs from the source into fixes (see Reconcile).
+// differs from the source into fixes (see Run).
 func (f *reconFixer) ahead(ctx context.Context, writeIndex string, rows []aheadRow) error {
 	if len(rows) == 0 {
 		return nil
@@ -479,9 +479,9 @@ func (f *reconFixer) ahead(ctx context.Context, writeIndex string, rows []aheadR
 // reconFixer batches fix events into outbox transactions (or only counts
 // them on a dry run).
 type reconFixer struct {
-	opts    ReconcileOptions
+	opts    Options
 	ob      *outbox.Outbox
-	rep     *ReconcileReport
+	rep     *Report
 	pending []outbox.Event
 }
 

@@ -73,7 +73,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("a dry run detects each kind of drift and appends nothing", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, sql := setup(t)
-		rep, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Sample: 5})
+		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Sample: 5})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("apply appends versioned fixes that win the version gate", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, sql := setup(t)
-		rep, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true, Operator: "tester"})
+		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true, Operator: "tester"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +159,7 @@ func TestReconcile(t *testing.T) {
 			t.Fatal(err)
 		}
 		ri.refresh(t)
-		again, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql})
+		again, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,8 +212,8 @@ func TestReconcile(t *testing.T) {
 		ri.put(t, ri.write, "app", 3, `{"name":"app","version":1}`)
 		ri.refresh(t)
 		sql := `SELECT id, version, doc FROM ` + table
-		opts := ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true}
-		rep, err := Reconcile(ctx, opts)
+		opts := Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true}
+		rep, err := Run(ctx, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,7 +222,7 @@ func TestReconcile(t *testing.T) {
 			t.Fatalf("first run: counts %v, %d events; want only the missing document", rep.Counts, rep.Events)
 		}
 		deliver(t, pool, schemaName, ri)
-		again, err := Reconcile(ctx, opts)
+		again, err := Run(ctx, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +249,7 @@ func TestReconcile(t *testing.T) {
 		ri.put(t, ri.write, "behind", 0, `{"rev":6}`)
 		ri.refresh(t)
 		sql := `SELECT id, version, doc FROM ` + table
-		rep, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "rev"})
+		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "rev"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +257,7 @@ func TestReconcile(t *testing.T) {
 			rep.Samples[DriftStale][0].SourceID != "behind" || rep.Samples[DriftStale][0].IndexVersion != 6 {
 			t.Fatalf("counts %v samples %+v, want only behind stale at rev 6", rep.Counts, rep.Samples)
 		}
-		if _, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "_version"}); err == nil || !strings.Contains(err.Error(), "version_field") {
+		if _, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "_version"}); err == nil || !strings.Contains(err.Error(), "version_field") {
 			t.Fatalf("a metadata version field: %v, want a version_field error", err)
 		}
 	})
@@ -277,7 +277,7 @@ func TestReconcile(t *testing.T) {
 			`SELECT * FROM ` + s + `.sneaky()`,
 			`SELECT id, version, doc FROM ` + s + `.victims FOR UPDATE`,
 		} {
-			_, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true})
+			_, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true})
 			if err == nil || !strings.Contains(err.Error(), "source_sql: must only read") {
 				t.Errorf("%s: %v, want a read-only refusal", sql, err)
 			}
@@ -296,7 +296,7 @@ func TestReconcile(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, _ := setup(t)
 		start := time.Now()
-		_, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name,
+		_, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name,
 			SourceSQL: `SELECT 'a', 1, '{}'::jsonb FROM pg_sleep(30)`, SourceTimeout: 300 * time.Millisecond})
 		if err == nil || !strings.Contains(err.Error(), "did not finish within the source timeout of 300ms") {
 			t.Fatalf("got %v, want a source timeout error", err)
@@ -309,7 +309,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("bad source SQL names the problem", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, _ := setup(t)
-		_, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: "SELECT 1, 2"})
+		_, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: "SELECT 1, 2"})
 		if err == nil || !strings.Contains(err.Error(), "source_sql: returns 2 columns") {
 			t.Fatalf("err %v", err)
 		}

@@ -23,7 +23,7 @@ func TestReservedFieldsInRows(t *testing.T) {
 			INSERT INTO `+table+` VALUES ('good', 1, '{"title":"good"}', false), ('bad', 1, '{"title":"bad","outboxd_deleted_at":"2026-01-01T00:00:00Z"}', false)`); err != nil {
 			t.Fatal(err)
 		}
-		rep, err := Reconcile(ctx, ReconcileOptions{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name,
+		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name,
 			SourceSQL: `SELECT id, version, doc, deleted FROM ` + table, Apply: true, Operator: "tester"})
 		if err != nil {
 			t.Fatalf("Reconcile: %v", err)

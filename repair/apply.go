@@ -22,7 +22,7 @@ type ApplyOptions struct {
 	Operator string
 	// Batch is the number of documents per request; 0 means 500.
 	Batch    int
-	Progress *progress.Progress
+	Progress *progress.Bar
 }
 
 // Skip is a document or group Apply (or a restore) left alone, and why.

@@ -33,7 +33,7 @@ type Options struct {
 	// PageSize of the scan; 0 means 1000.
 	PageSize int
 	// Progress, if set, counts scanned documents.
-	Progress *progress.Progress
+	Progress *progress.Bar
 	// IncludeMissingKey groups documents that have no source_id field and
 	// are outside the write index by their _id (key source_id, alone or in
 	// a business key). By default they lack the key and are left alone:
@@ -230,13 +230,13 @@ func PlanDuplicates(ctx context.Context, es *elasticsearch.Client, opts Options)
 	}
 
 	groups := newGrouper()
-	err = scan.Scan(ctx, es, scan.ScanOptions{
+	err = scan.Each(ctx, es, scan.Options{
 		Indices:        indices,
 		SourceIncludes: scan.Fields(opts.Key, opts.VersionField, opts.UpdatedField),
 		PageSize:       opts.PageSize,
 		Progress:       opts.Progress,
 		Refresh:        true,
-	}, func(h scan.ScanHit) error {
+	}, func(h scan.Hit) error {
 		plan.Scanned++
 		k, d, ok, err := scan.Key(h, opts.Key, opts.VersionField, opts.UpdatedField)
 		if err != nil {

@@ -18,7 +18,7 @@ import (
 type RestoreOptions struct {
 	Audit    *AuditLog
 	Batch    int // documents per request; 0 means 500
-	Progress *progress.Progress
+	Progress *progress.Bar
 }
 
 // RestoreResult counts a restore.

@@ -86,12 +86,12 @@ Flags:
 	if err != nil {
 		return err
 	}
-	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, Rebuilt: rebuild.RebuiltIndex(pool, db.schema)})
+	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, Rebuilt: rebuild.Home(pool, db.schema)})
 	if err != nil {
 		return err
 	}
-	prog := progress.NewProgress("backfill "+*index, 0, progress.ProgressOptions{})
-	rep, err := backfill.Backfill(ctx, backfill.BackfillOptions{
+	prog := progress.New("backfill "+*index, 0, progress.Options{})
+	rep, err := backfill.Run(ctx, backfill.Options{
 		Pool: pool, Schema: db.schema, Sink: sink, Index: *index, SourceSQL: *sourceSQL, Restart: *restart,
 		Batch: *batch, BatchBytes: *batchBytes, InFlight: *inFlight, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Progress: prog,
 	})

@@ -82,8 +82,8 @@ Flags:
 		return err
 	}
 	defer pool.Close()
-	prog := progress.NewProgress("scan "+*index, 0, progress.ProgressOptions{Logger: slog.Default()})
-	rep, err := reconcile.Reconcile(ctx, reconcile.ReconcileOptions{
+	prog := progress.New("scan "+*index, 0, progress.Options{Logger: slog.Default()})
+	rep, err := reconcile.Run(ctx, reconcile.Options{
 		ES: client, DB: pool, Schema: db.schema, Index: *index, SourceSQL: *sourceSQL,
 		SourceTimeout: *sourceTimeout, VersionField: *versionField, Apply: *apply, Sample: max(*sample, 1), Operator: *operator, Progress: prog,
 	})
@@ -108,7 +108,7 @@ Flags:
 	return nil
 }
 
-func reconcilePrint(rep *reconcile.ReconcileReport, sample int) {
+func reconcilePrint(rep *reconcile.Report, sample int) {
 	fmt.Printf("index %s: %d documents (%d source_ids); source: %d rows\n", rep.Index, rep.IndexDocs, rep.IndexKeys, rep.SourceRows)
 	kinds := []string{reconcile.DriftMissing, reconcile.DriftStale, reconcile.DriftExtra, reconcile.DriftResurrected, reconcile.DriftDuplicate, reconcile.DriftAhead}
 	for _, k := range kinds {

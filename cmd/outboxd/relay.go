@@ -291,7 +291,7 @@ func connectElasticsearch(ctx context.Context, es *esFlags, f relayFlags) (index
 func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client *elasticsearch.Client, spec []byte, f relayFlags, reg *prometheus.Registry, log *slog.Logger) (*relay.Relay, error) {
 	sink, err := indexer.NewSink(indexer.Options{
 		Client: client, MaxBatchDocs: f.bulkDocs, MaxBatchBytes: f.bulkBytes, Workers: f.bulkWorkers,
-		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log, Rebuilt: rebuild.RebuiltIndex(pool, schemaName),
+		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log, Rebuilt: rebuild.Home(pool, schemaName),
 	})
 	if err != nil {
 		return nil, err
@@ -351,8 +351,8 @@ func newAdminServer(pool *pgxpool.Pool, schemaName string, client *elasticsearch
 			"leaders":       r.LeaderlessError,
 		},
 		Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
-		Rebuilds: func(ctx context.Context) ([]rebuild.RebuildStatus, error) {
-			return rebuild.Rebuilds(ctx, pool, schemaName)
+		Rebuilds: func(ctx context.Context) ([]rebuild.Status, error) {
+			return rebuild.Unfinished(ctx, pool, schemaName)
 		},
 	})
 }
@@ -501,7 +501,7 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		return fmt.Errorf("reconcile-sql-timeout: must be > 0, got %s", f.reconcileSQLTimeout)
 	}
 	return s.Add("reconcile", f.reconcileSchedule, func(ctx context.Context) error {
-		rep, err := reconcile.Reconcile(ctx, reconcile.ReconcileOptions{
+		rep, err := reconcile.Run(ctx, reconcile.Options{
 			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: f.reconcileSQL,
 			SourceTimeout: f.reconcileSQLTimeout, Apply: f.reconcileApply, Operator: "scheduler",
 		})

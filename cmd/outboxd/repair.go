@@ -104,7 +104,7 @@ func runRepair(ctx context.Context, args []string) error {
 		return err
 	}
 
-	prog := progress.NewProgress("scan "+*index, 0, progress.ProgressOptions{Logger: slog.Default()})
+	prog := progress.New("scan "+*index, 0, progress.Options{Logger: slog.Default()})
 	plan, err := repair.PlanDuplicates(ctx, client, repair.Options{
 		Index: *index, Key: keyFields, VersionField: *versionField, UpdatedField: *updatedField,
 		PageSize: *pageSize, Progress: prog, IncludeMissingKey: *includeMissingKey,
@@ -145,7 +145,7 @@ func runRepair(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w (nothing was changed)", err)
 	}
 	defer audit.Close()
-	aprog := progress.NewProgress("repair "+*index, int64(len(plan.Groups)), progress.ProgressOptions{Logger: slog.Default()})
+	aprog := progress.New("repair "+*index, int64(len(plan.Groups)), progress.Options{Logger: slog.Default()})
 	res, err := plan.Apply(ctx, client, repair.ApplyOptions{BackupPath: path, Audit: audit, Operator: *operator, Progress: aprog})
 	aprog.Finish()
 	if err != nil {
@@ -210,7 +210,7 @@ Flags:
 		return err
 	}
 	defer audit.Close()
-	prog := progress.NewProgress("restore", 0, progress.ProgressOptions{Logger: slog.Default()})
+	prog := progress.New("restore", 0, progress.Options{Logger: slog.Default()})
 	res, err := repair.Restore(ctx, client, fs.Arg(0), repair.RestoreOptions{Audit: audit, Progress: prog})
 	prog.Finish()
 	if err != nil {

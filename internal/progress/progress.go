@@ -11,11 +11,11 @@ import (
 	"time"
 )
 
-// Progress reports a long task's count and rate: a redrawn bar when out is
+// Bar reports a long task's count and rate: a redrawn bar when out is
 // a terminal, a plain slog line every interval otherwise (logs and cron
-// mail must not fill with carriage returns). A nil *Progress is a valid
+// mail must not fill with carriage returns). A nil *Bar is a valid
 // no-op, so library callers that want silence pass nothing.
-type Progress struct {
+type Bar struct {
 	task     string
 	out      io.Writer
 	tty      bool
@@ -29,8 +29,8 @@ type Progress struct {
 	once     sync.Once
 }
 
-// ProgressOptions configures NewProgress.
-type ProgressOptions struct {
+// Options configures New.
+type Options struct {
 	// Out is where the bar is drawn. It is treated as a terminal only when
 	// it is an *os.File whose mode is a character device; nil means
 	// os.Stderr.
@@ -43,14 +43,14 @@ type ProgressOptions struct {
 	Interval time.Duration
 }
 
-// NewProgress starts reporting task. total may be 0 (unknown) and set
+// New starts reporting task. total may be 0 (unknown) and set
 // later with SetTotal. Call Finish when the task ends.
-func NewProgress(task string, total int64, opts ProgressOptions) *Progress {
+func New(task string, total int64, opts Options) *Bar {
 	out := opts.Out
 	if out == nil {
 		out = os.Stderr
 	}
-	p := &Progress{task: task, out: out, tty: progressIsTerminal(out), logger: opts.Logger, stop: make(chan struct{}), start: time.Now()}
+	p := &Bar{task: task, out: out, tty: isTerminal(out), logger: opts.Logger, stop: make(chan struct{}), start: time.Now()}
 	if p.logger == nil {
 		p.logger = slog.New(slog.DiscardHandler)
 	}
@@ -67,9 +67,9 @@ func NewProgress(task string, total int64, opts ProgressOptions) *Progress {
 	return p
 }
 
-// progressIsTerminal checks the file mode instead of calling isatty: no
+// isTerminal checks the file mode instead of calling isatty: no
 // dependency, and a char device is what a terminal is to the kernel.
-func progressIsTerminal(w io.Writer) bool {
+func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
 		return false
@@ -79,21 +79,21 @@ func progressIsTerminal(w io.Writer) bool {
 }
 
 // Add counts n more items done.
-func (p *Progress) Add(n int64) {
+func (p *Bar) Add(n int64) {
 	if p != nil {
 		p.done.Add(n)
 	}
 }
 
 // SetTotal sets the expected count (0 = unknown).
-func (p *Progress) SetTotal(n int64) {
+func (p *Bar) SetTotal(n int64) {
 	if p != nil {
 		p.total.Store(n)
 	}
 }
 
 // Finish stops reporting and prints the final count once.
-func (p *Progress) Finish() {
+func (p *Bar) Finish() {
 	if p == nil {
 		return
 	}
@@ -104,7 +104,7 @@ func (p *Progress) Finish() {
 	})
 }
 
-func (p *Progress) loop() {
+func (p *Bar) loop() {
 	defer p.wg.Done()
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
@@ -118,7 +118,7 @@ func (p *Progress) loop() {
 	}
 }
 
-func (p *Progress) report(final bool) {
+func (p *Bar) report(final bool) {
 	done, total := p.done.Load(), p.total.Load()
 	elapsed := time.Since(p.start)
 	rate := 0.0
@@ -137,14 +137,14 @@ func (p *Progress) report(final bool) {
 		p.logger.Info(msg, args...)
 		return
 	}
-	fmt.Fprint(p.out, "\r\033[K"+progressLine(p.task, done, total, rate, elapsed))
+	fmt.Fprint(p.out, "\r\033[K"+line(p.task, done, total, rate, elapsed))
 	if final {
 		fmt.Fprintln(p.out)
 	}
 }
 
-// progressLine renders one bar line; split out so it is testable.
-func progressLine(task string, done, total int64, rate float64, elapsed time.Duration) string {
+// line renders one bar line; split out so it is testable.
+func line(task string, done, total int64, rate float64, elapsed time.Duration) string {
 	const width = 30
 	if total <= 0 {
 		return fmt.Sprintf("%s %d done  %.0f/s  %s", task, done, rate, elapsed.Round(time.Second))

@@ -9,7 +9,7 @@ import (
 func TestRepairProgressLine(t *testing.T) {
 	t.Parallel()
 	t.Run("a known total shows a bar, percent, rate and eta", func(t *testing.T) {
-		l := progressLine("scan", 50, 100, 10, 5*time.Second)
+		l := line("scan", 50, 100, 10, 5*time.Second)
 		for _, want := range []string{"[###############...............]", "50/100", "50.0%", "10/s", "eta 5s"} {
 			if !strings.Contains(l, want) {
 				t.Errorf("%q lacks %q", l, want)
@@ -17,12 +17,12 @@ func TestRepairProgressLine(t *testing.T) {
 		}
 	})
 	t.Run("an unknown total shows the count", func(t *testing.T) {
-		if l := progressLine("scan", 7, 0, 1, time.Second); !strings.Contains(l, "7 done") {
+		if l := line("scan", 7, 0, 1, time.Second); !strings.Contains(l, "7 done") {
 			t.Errorf("%q", l)
 		}
 	})
 	t.Run("a non-terminal writer is not a terminal", func(t *testing.T) {
-		if progressIsTerminal(&strings.Builder{}) {
+		if isTerminal(&strings.Builder{}) {
 			t.Error("a builder is a terminal?")
 		}
 	})

@@ -124,7 +124,7 @@ func (ri *testIndex) snapshot(t testing.TB) map[string]snapDoc {
 	if ri.old != "" {
 		indices = append(indices, ri.old)
 	}
-	err := Scan(context.Background(), ri.es, ScanOptions{Indices: indices, PageSize: 7}, func(h ScanHit) error {
+	err := Each(context.Background(), ri.es, Options{Indices: indices, PageSize: 7}, func(h Hit) error {
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, h.Source); err != nil {
 			return err

@@ -40,7 +40,7 @@ type Doc struct {
 // whose source was limited to the fields repair asked for. ok is false
 // when the key is missing: such documents cannot be grouped and are left
 // alone (counted as ungroupable).
-func Key(h ScanHit, key []string, versionField, updatedField string) (k string, d Doc, ok bool, err error) {
+func Key(h Hit, key []string, versionField, updatedField string) (k string, d Doc, ok bool, err error) {
 	var src map[string]any
 	if len(h.Source) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(h.Source))

@@ -7,8 +7,8 @@ import (
 
 func TestRepairKeyOf(t *testing.T) {
 	t.Parallel()
-	hit := func(id, src string) ScanHit {
-		return ScanHit{Index: "i", ID: id, Version: 7, Source: json.RawMessage(src)}
+	hit := func(id, src string) Hit {
+		return Hit{Index: "i", ID: id, Version: 7, Source: json.RawMessage(src)}
 	}
 	t.Run("source_id falls back to _id", func(t *testing.T) {
 		k, d, ok, err := Key(hit("abc", `{"title":"x"}`), []string{"source_id"}, "version", "updated_at")

@@ -16,9 +16,9 @@ import (
 	"github.com/outboxd/outboxd/internal/progress"
 )
 
-// ScanHit is one document seen by Scan, with the coordinates a conditional
+// Hit is one document seen by Each, with the coordinates a conditional
 // write needs (_seq_no, _primary_term) and the version it holds.
-type ScanHit struct {
+type Hit struct {
 	Index       string          `json:"_index"`
 	ID          string          `json:"_id"`
 	Version     int64           `json:"_version"`
@@ -27,8 +27,8 @@ type ScanHit struct {
 	Source      json.RawMessage `json:"_source"`
 }
 
-// ScanOptions says what Scan reads.
-type ScanOptions struct {
+// Options says what Each reads.
+type Options struct {
 	// Indices are scanned as given. Pass concrete indices, not a filtered
 	// alias: the read alias hides tombstones, and repair must see them.
 	Indices []string
@@ -42,7 +42,7 @@ type ScanOptions struct {
 	// means 2m.
 	KeepAlive time.Duration
 	// Progress, if set, is advanced by every hit.
-	Progress *progress.Progress
+	Progress *progress.Bar
 	// Query, if set, selects the documents (a query DSL object); nil means
 	// all of them.
 	Query json.RawMessage
@@ -52,7 +52,7 @@ type ScanOptions struct {
 	Refresh bool
 }
 
-// Scan streams every document of opts.Indices to fn, one page at a time, in
+// Each streams every document of opts.Indices to fn, one page at a time, in
 // a consistent view: a point in time (PIT) sorted by _shard_doc and paged
 // with search_after. Memory is bounded by one page. Writes made during the
 // scan are not seen; that is the point: the plan is computed on one
@@ -64,7 +64,7 @@ type ScanOptions struct {
 // _doc (scanScroll).
 //
 // fn must not keep hit.Source past its return: the buffer is reused.
-func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn func(ScanHit) error) error {
+func Each(ctx context.Context, es *elasticsearch.Client, opts Options, fn func(Hit) error) error {
 	if len(opts.Indices) == 0 {
 		return fmt.Errorf("indexer: scan: indices: none given")
 	}
@@ -134,7 +134,7 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 			PitID string `json:"pit_id"`
 			Hits  struct {
 				Hits []struct {
-					ScanHit
+					Hit
 					Sort []json.RawMessage `json:"sort"`
 				} `json:"hits"`
 			} `json:"hits"`
@@ -153,7 +153,7 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 		// point in time alive meanwhile, or the next page finds it gone.
 		stopKeeping := keepAlive(ctx, es, op, pit, keep, keepStr)
 		for i := range hits {
-			if err := fn(hits[i].ScanHit); err != nil {
+			if err := fn(hits[i].Hit); err != nil {
 				stopKeeping()
 				return err
 			}
@@ -167,9 +167,9 @@ func Scan(ctx context.Context, es *elasticsearch.Client, opts ScanOptions, fn fu
 	}
 }
 
-// scanScroll is Scan on OpenSearch: a scroll holds the same consistent
+// scanScroll is Each on OpenSearch: a scroll holds the same consistent
 // view of every shard, paged in _doc order.
-func scanScroll(ctx context.Context, es *elasticsearch.Client, op string, opts ScanOptions, size int, keepStr string, fn func(ScanHit) error) error {
+func scanScroll(ctx context.Context, es *elasticsearch.Client, op string, opts Options, size int, keepStr string, fn func(Hit) error) error {
 	req := map[string]any{
 		"size":                size,
 		"sort":                []string{"_doc"},
@@ -189,7 +189,7 @@ func scanScroll(ctx context.Context, es *elasticsearch.Client, op string, opts S
 	var page struct {
 		ScrollID string `json:"_scroll_id"`
 		Hits     struct {
-			Hits []ScanHit `json:"hits"`
+			Hits []Hit `json:"hits"`
 		} `json:"hits"`
 	}
 	keep, _ := time.ParseDuration(keepStr)

@@ -21,8 +21,8 @@ func TestScan(t *testing.T) {
 			ri.put(t, idx, fmt.Sprintf("d%02d", i), int64(i+1), `{"title":"x","body":"not requested"}`)
 		}
 		ri.refresh(t)
-		seen := map[string]ScanHit{}
-		err := Scan(ctx, ri.es, ScanOptions{Indices: []string{ri.write, ri.old}, PageSize: 5, SourceIncludes: []string{"title"}}, func(h ScanHit) error {
+		seen := map[string]Hit{}
+		err := Each(ctx, ri.es, Options{Indices: []string{ri.write, ri.old}, PageSize: 5, SourceIncludes: []string{"title"}}, func(h Hit) error {
 			if _, dup := seen[h.ID]; dup {
 				t.Errorf("%s seen twice", h.ID)
 			}
@@ -50,7 +50,7 @@ func TestScan(t *testing.T) {
 		}
 		ri.refresh(t)
 		n := 0
-		err := Scan(ctx, ri.es, ScanOptions{Indices: []string{ri.write}, PageSize: 2}, func(h ScanHit) error {
+		err := Each(ctx, ri.es, Options{Indices: []string{ri.write}, PageSize: 2}, func(h Hit) error {
 			if n == 0 {
 				ri.put(t, ri.write, "late", 1, `{}`)
 				ri.refresh(t)
@@ -66,7 +66,7 @@ func TestScan(t *testing.T) {
 	t.Run("a missing index is a clear error", func(t *testing.T) {
 		t.Parallel()
 		ri := setupIndex(t, false)
-		err := Scan(ctx, ri.es, ScanOptions{Indices: []string{ri.name + "-nope"}}, func(ScanHit) error { return nil })
+		err := Each(ctx, ri.es, Options{Indices: []string{ri.name + "-nope"}}, func(Hit) error { return nil })
 		if err == nil || !IsStatus(err, 404) {
 			t.Fatalf("err %v, want a 404", err)
 		}

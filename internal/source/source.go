@@ -157,7 +157,7 @@ type Batch struct {
 	Last     string // the id of the last row read with an id
 }
 
-func (b *Batch) add(r *backfillRow, index string) {
+func (b *Batch) add(r *cursorRow, index string) {
 	b.Rows++
 	b.Bytes += r.size()
 	if r.id.Valid {
@@ -187,7 +187,7 @@ type Reader struct {
 	asked   int      // rows it asked for
 	got     int      // rows it returned so far
 	largest int      // the largest row of the last FETCH
-	held    *backfillRow
+	held    *cursorRow
 	done    bool // a FETCH returned fewer rows than it asked for
 }
 
@@ -223,8 +223,8 @@ func (r *Reader) Next(ctx context.Context) (Batch, error) {
 			r.done = r.got < r.asked
 			continue
 		}
-		row := &backfillRow{}
-		if err := scanBackfillRow(r.rows, row); err != nil {
+		row := &cursorRow{}
+		if err := scanRow(r.rows, row); err != nil {
 			return Batch{}, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.Last, err)
 		}
 		r.got++
@@ -272,8 +272,8 @@ func Fetch(ctx context.Context, tx pgx.Tx, o Query) ([]outbox.Event, error) {
 	defer rows.Close()
 	b := Batch{Events: make([]outbox.Event, 0, o.Batch)}
 	for rows.Next() {
-		var row backfillRow
-		if err := scanBackfillRow(rows, &row); err != nil {
+		var row cursorRow
+		if err := scanRow(rows, &row); err != nil {
 			return nil, fmt.Errorf("indexer: backfill: source_sql: row after %q: %w", b.Last, err)
 		}
 		if b.add(&row, o.Index); len(b.Rejected) > 0 {
@@ -286,8 +286,8 @@ func Fetch(ctx context.Context, tx pgx.Tx, o Query) ([]outbox.Event, error) {
 	return b.Events, nil
 }
 
-// scanBackfillRow reads the cursor's current row into r.
-func scanBackfillRow(rows pgx.Rows, r *backfillRow) error {
+// scanRow reads the cursor's current row into r.
+func scanRow(rows pgx.Rows, r *cursorRow) error {
 	r.hasDeleted = len(rows.FieldDescriptions()) == 4
 	if r.hasDeleted {
 		return rows.Scan(&r.id, &r.version, &r.document, &r.deleted)
@@ -295,10 +295,10 @@ func scanBackfillRow(rows pgx.Rows, r *backfillRow) error {
 	return rows.Scan(&r.id, &r.version, &r.document)
 }
 
-// backfillRow is one row of the cursor as it was read: the id and version
+// cursorRow is one row of the cursor as it was read: the id and version
 // as text, so that a NULL, a fractional or a non-numeric value is that
 // row's rejection rather than a scan error that stops the whole backfill.
-type backfillRow struct {
+type cursorRow struct {
 	id, version pgtype.Text
 	document    []byte
 	deleted     pgtype.Bool
@@ -306,12 +306,12 @@ type backfillRow struct {
 }
 
 // size is what the row weighs in a batch.
-func (r *backfillRow) size() int { return len(r.id.String) + len(r.document) }
+func (r *cursorRow) size() int { return len(r.id.String) + len(r.document) }
 
 // event fills e from the row, or returns why the row cannot be written,
 // naming the column. Every check of a row before it goes to the sink is
 // here; the sink then checks it as it checks any event.
-func (r *backfillRow) event(e *outbox.Event) (reject string) {
+func (r *cursorRow) event(e *outbox.Event) (reject string) {
 	e.SourceID, e.Op, e.Document = r.id.String, outbox.OpUpsert, r.document
 	if !r.id.Valid {
 		return "id: NULL; want the row's key"
@@ -319,7 +319,7 @@ func (r *backfillRow) event(e *outbox.Event) (reject string) {
 	if !r.version.Valid {
 		return "version: NULL; want an integer >= 1"
 	}
-	v, err := parseBackfillVersion(r.version.String)
+	v, err := parseVersion(r.version.String)
 	if err != nil {
 		return "version: " + err.Error()
 	}
@@ -335,9 +335,9 @@ func (r *backfillRow) event(e *outbox.Event) (reject string) {
 	return ""
 }
 
-// parseBackfillVersion reads the text of a version column of any type: an
+// parseVersion reads the text of a version column of any type: an
 // integer, or a numeric whose fraction is zero (2.00).
-func parseBackfillVersion(s string) (int64, error) {
+func parseVersion(s string) (int64, error) {
 	v, err := strconv.ParseInt(s, 10, 64)
 	if err == nil {
 		return v, nil

@@ -163,7 +163,7 @@ type Summary struct {
 	WriteSide      map[string]float64      `json:"write_side,omitempty"`
 	Messages       []MessageView           `json:"messages"`
 	Jobs           []jobs.Status           `json:"jobs"`
-	Rebuilds       []rebuild.RebuildStatus `json:"rebuilds"`
+	Rebuilds       []rebuild.Status        `json:"rebuilds"`
 	History        []Sample                `json:"history"`
 	SampleInterval float64                 `json:"sample_interval_seconds"`
 	Outcomes       map[string]float64      `json:"outcomes"`
@@ -211,7 +211,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 		DeadLetters:    []relay.DeadLetterStats{},
 		Jobs:           []jobs.Status{},
 		Messages:       []MessageView{},
-		Rebuilds:       []rebuild.RebuildStatus{},
+		Rebuilds:       []rebuild.Status{},
 		History:        s.history.since(since),
 		SampleInterval: s.cfg.SampleInterval.Seconds(),
 	}
