@@ -266,6 +266,18 @@ func Count(ctx context.Context, es *elasticsearch.Client, indices []string) (int
 	return out.Count, nil
 }
 
+// CountQuery returns how many documents of index match query.
+func CountQuery(ctx context.Context, es *elasticsearch.Client, index string, query json.RawMessage) (int64, error) {
+	var out struct {
+		Count int64 `json:"count"`
+	}
+	body := `{"query":` + string(query) + `}`
+	if err := Do(ctx, es, "count "+index, esapi.CountRequest{Index: []string{index}, Body: strings.NewReader(body)}, &out); err != nil {
+		return 0, err
+	}
+	return out.Count, nil
+}
+
 // IsStatus reports whether err is an Elasticsearch answer with status.
 func IsStatus(err error, status int) bool {
 	var re *indexer.ResponseError

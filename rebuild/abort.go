@@ -2,42 +2,49 @@ package rebuild
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/elastic/go-elasticsearch/v8"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/schema"
 )
 
-// Home returns, for indexer.Options.Rebuilt, the concrete index
-// the rebuilds table says name's documents live in: the new index of a
-// swapped or finished rebuild, else the old one. "" when no rebuild of
-// name is recorded (or the schema has no rebuilds table yet).
-func Home(db interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, schemaName string) func(ctx context.Context, name string) (string, error) {
-	return func(ctx context.Context, name string) (string, error) {
-		id, err := schema.Ident(schemaName)
-		if err != nil {
-			return "", err
-		}
-		var home string
-		err = db.QueryRow(ctx, `SELECT CASE WHEN phase IN ('swapped', 'done') THEN new_index ELSE old_index END
-FROM `+id+`.rebuilds WHERE index_name = $1`, name).Scan(&home)
-		var pe *pgconn.PgError
-		switch {
-		case errors.Is(err, pgx.ErrNoRows), errors.As(err, &pe) && pe.Code == "42P01":
-			return "", nil
-		case err != nil:
-			return "", err
-		}
-		return home, nil
+// Abort deletes the half-built index of an unfinished rebuild of
+// name and returns its name. A swapped rebuild cannot be aborted: N
+// already reads the new index.
+func Abort(ctx context.Context, pool *pgxpool.Pool, schemaName string, es *elasticsearch.Client, name string) (string, error) {
+	if err := indexer.CheckName(name); err != nil {
+		return "", err
 	}
+	st, unlock, err := openStore(ctx, pool, schemaName, name)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	cur, err := st.load(ctx)
+	if err != nil {
+		return "", err
+	}
+	if cur == nil || (cur.Phase != PhaseCopying && cur.Phase != PhaseCatchingUp) {
+		if cur != nil && cur.Phase == PhaseSwapped {
+			return "", fmt.Errorf("indexer: rebuild %s: nothing to abort: %s already reads %s; run the rebuild again (or --drop-old) to finish it", name, name, cur.New)
+		}
+		return "", fmt.Errorf("indexer: rebuild %s: nothing to abort (no unfinished rebuild)", name)
+	}
+	if behind, err := writeIndexOf(ctx, es, name); err != nil {
+		return "", err
+	} else if behind == cur.New {
+		_ = st.setPhase(ctx, PhaseSwapped)
+		return "", fmt.Errorf("indexer: rebuild %s: already swapped to %s; run the rebuild again to finish it", name, cur.New)
+	}
+	if err := st.check(ctx); err != nil {
+		return "", err
+	}
+	if err := deleteUnaliased(ctx, es, name, cur.New); err != nil {
+		return "", err
+	}
+	return cur.New, st.setPhase(ctx, PhaseAborted)
 }
 
 // Forget deletes the rebuilds table's record of name, so that the
