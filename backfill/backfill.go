@@ -22,8 +22,8 @@ type Options struct {
 	Pool   *pgxpool.Pool
 	Schema string // the outbox schema, which holds the backfills table
 	// Sink is where the rows go, as events: an *indexer.Sink, or anything
-	// with its Write. Documents read from a json or jsonb column go through
-	// its WriteValidJSON when it has one: PostgreSQL validated them.
+	// with its Write. Build an *indexer.Sink with indexer.Options.JSONB
+	// when ValidJSON says PostgreSQL validated the documents.
 	Sink interface {
 		Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error)
 	}
@@ -105,16 +105,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, fmt.Errorf("indexer: backfill: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	jsonDocs, err := source.Declare(ctx, tx, o.query(), st.after)
-	if err != nil {
+	if err := source.Declare(ctx, tx, o.query(), st.after); err != nil {
 		return nil, err
 	}
 	write := o.Sink.Write
-	if v, ok := o.Sink.(interface {
-		WriteValidJSON(context.Context, []outbox.Event) ([]outbox.Outcome, error)
-	}); ok && jsonDocs {
-		write = v.WriteValidJSON
-	}
 	if o.Progress != nil {
 		o.Progress.SetTotal(source.Estimate(ctx, tx, o.SourceSQL))
 	}

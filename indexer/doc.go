@@ -105,6 +105,24 @@
 // which is the back-pressure the relay needs. Write is safe to call
 // concurrently (the relay keeps several pages in flight).
 //
+// # Documents PostgreSQL validated
+//
+// A document must be a JSON object on one line. Parsing it again is most
+// of the sink's own CPU for documents of a kilobyte, and it is wasted on a
+// document PostgreSQL produced from a json or jsonb value. Options.JSONB
+// is the one switch that says so, for every document the sink will see:
+// the relay's all come from outbox.events.document (jsonb), and a
+// backfill's from one query's document column, whose type
+// backfill.ValidJSON reads before the sink is built. A per-call variant
+// of Write (as backfill once used) would be a second protocol beside the
+// relay.Sink interface, invisible to the relay, which calls only Write;
+// whoever builds a sink knows where its documents come from, once.
+// The sink still requires an object, refuses reserved fields and folds a
+// document with newlines onto one line. A sink built with JSONB for
+// documents of a text column does not stall on one that is not JSON:
+// Elasticsearch refuses it as a document it cannot parse (one with a
+// newline arrives empty), and that event alone is Rejected.
+//
 // # Rebuild
 //
 // Rebuild moves a name to new mappings or settings: it creates the next

@@ -115,7 +115,7 @@ func (r *runner) copySource(ctx context.Context, w *copyWriter, tombstones int64
 		return 0, fmt.Errorf("indexer: rebuild: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := source.Declare(ctx, tx, bo, ""); err != nil {
+	if err := source.Declare(ctx, tx, bo, ""); err != nil {
 		return 0, err
 	}
 	total := source.Estimate(ctx, tx, r.o.SourceSQL) + tombstones

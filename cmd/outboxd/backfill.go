@@ -86,7 +86,13 @@ Flags:
 	if err != nil {
 		return err
 	}
-	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, Rebuilt: rebuild.Home(pool, db.schema)})
+	// A json or jsonb document column was validated by PostgreSQL: the
+	// sink need not parse every document again.
+	validJSON, err := backfill.ValidJSON(ctx, pool, *sourceSQL)
+	if err != nil {
+		return err
+	}
+	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, JSONB: validJSON, Rebuilt: rebuild.Home(pool, db.schema)})
 	if err != nil {
 		return err
 	}

@@ -44,21 +44,18 @@ type Reject struct {
 // condition: ordering by the id's text would sort the whole table before
 // the first row, and put 10 before 2. An id of a type without a btree
 // ordering (json, a record) is ordered by its text in byte order instead.
-//
-// jsonDocs reports a document column of type json or jsonb, which
-// PostgreSQL has validated.
-func Declare(ctx context.Context, tx pgx.Tx, o Query, after string) (jsonDocs bool, err error) {
+func Declare(ctx context.Context, tx pgx.Tx, o Query, after string) error {
 	if _, err := tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true), set_config('outboxd.backfill_after', $2, true)`,
 		fmt.Sprint(o.SourceTimeout.Milliseconds()), after); err != nil {
-		return false, fmt.Errorf("indexer: backfill: %w", err)
+		return fmt.Errorf("indexer: backfill: %w", err)
 	}
 	shape, err := Describe(ctx, tx, o.SourceSQL)
 	if err != nil {
-		return false, err
+		return err
 	}
 	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return false, fmt.Errorf("indexer: backfill: %w", err)
+		return fmt.Errorf("indexer: backfill: %w", err)
 	}
 	_, err = sp.Exec(ctx, CursorSQL(o.SourceSQL, shape.KeyType, shape.Cols, after != ""))
 	var pe *pgconn.PgError
@@ -66,16 +63,16 @@ func Declare(ctx context.Context, tx pgx.Tx, o Query, after string) (jsonDocs bo
 		// undefined_function (no ordering operator) or cannot_coerce (no
 		// cast from text): order by the id's text.
 		if err := sp.Rollback(ctx); err != nil {
-			return false, fmt.Errorf("indexer: backfill: %w", err)
+			return fmt.Errorf("indexer: backfill: %w", err)
 		}
 		_, err = tx.Exec(ctx, CursorSQL(o.SourceSQL, "", shape.Cols, after != ""))
 	} else if err == nil {
 		err = sp.Commit(ctx)
 	}
 	if err != nil {
-		return false, fmt.Errorf("indexer: backfill: source_sql: %w", err)
+		return fmt.Errorf("indexer: backfill: source_sql: %w", err)
 	}
-	return shape.DocOID == pgtype.JSONOID || shape.DocOID == pgtype.JSONBOID, nil
+	return nil
 }
 
 // Shape is what the columns of SourceSQL are.
@@ -83,6 +80,12 @@ type Shape struct {
 	KeyType string // the SQL name of the id's type with its modifier, from the catalog (quoted as needed)
 	Cols    int    // 3 or 4
 	DocOID  uint32 // the document's type
+}
+
+// ValidJSON reports a document column of type json or jsonb: PostgreSQL
+// has validated every document.
+func (s Shape) ValidJSON() bool {
+	return s.DocOID == pgtype.JSONOID || s.DocOID == pgtype.JSONBOID
 }
 
 // Describe describes SourceSQL without running it.
