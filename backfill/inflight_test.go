@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -36,7 +37,7 @@ func (s *slowCounting) Write(ctx context.Context, events []outbox.Event) ([]outb
 func TestBackfillInFlight(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	es, name := backfillIndex(t)
+	es, name := tooltest.Index(t, "backfill-")
 	pool, schemaName := schematest.Setup(t)
 	table := `"` + schemaName + `".rows`
 	for _, q := range []string{
@@ -48,7 +49,7 @@ func TestBackfillInFlight(t *testing.T) {
 		}
 	}
 	for _, inFlight := range []int64{1, 2} {
-		sink := &slowCounting{sink: newSink(t, indexer.Options{Client: es}), hold: 50 * time.Millisecond}
+		sink := &slowCounting{sink: tooltest.NewSink(t, indexer.Options{Client: es}), hold: 50 * time.Millisecond}
 		rep, err := Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Restart: true,
 			SourceSQL: `SELECT id, version, json_build_object('title', title) FROM ` + table,
 			Batch:     5, InFlight: int(inFlight), Sink: sink})
@@ -84,7 +85,7 @@ func (s *bytesCounting) Write(ctx context.Context, events []outbox.Event) ([]out
 func TestBackfillBatchBytes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	es, name := backfillIndex(t)
+	es, name := tooltest.Index(t, "backfill-")
 	pool, schemaName := schematest.Setup(t)
 	table := `"` + schemaName + `".large`
 	const rowBytes, rows = 512 << 10, 24 // 12 MiB in all
@@ -96,7 +97,7 @@ func TestBackfillBatchBytes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sink := &bytesCounting{sink: newSink(t, indexer.Options{Client: es})}
+	sink := &bytesCounting{sink: tooltest.NewSink(t, indexer.Options{Client: es})}
 	rep, err := Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Sink: sink,
 		SourceSQL: `SELECT id, version, json_build_object('body', repeat('x', ` + fmt.Sprint(rowBytes) + `)) FROM ` + table})
 	if err != nil || rep.Rows != rows || rep.Applied != rows {
@@ -108,7 +109,7 @@ func TestBackfillBatchBytes(t *testing.T) {
 
 	// Small rows first, then large ones: the FETCH sized by the small rows
 	// returns more than a batch holds, and is cut, not held whole.
-	sink = &bytesCounting{sink: newSink(t, indexer.Options{Client: es})}
+	sink = &bytesCounting{sink: tooltest.NewSink(t, indexer.Options{Client: es})}
 	rep, err = Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Sink: sink, Restart: true, BatchBytes: 1 << 20,
 		SourceSQL: `SELECT id, version + 1, json_build_object('body', repeat('x', CASE WHEN id <= 12 THEN 1000 ELSE ` + fmt.Sprint(rowBytes) + ` END)) FROM ` + table})
 	if err != nil || rep.Rows != rows || rep.Applied != rows || sink.rows.Load() != rows {

@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/internal/estest"
 	"github.com/outboxd/outboxd/internal/source"
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -38,7 +40,7 @@ func TestBackfillKeyOrder(t *testing.T) {
 
 	t.Run("an integer key is read through its index in numeric order, and a backfill stopped after a batch continues after it (2 < 10)", func(t *testing.T) {
 		t.Parallel()
-		es, name := backfillIndex(t)
+		es, name := tooltest.Index(t, "backfill-")
 		pool, schemaName := schematest.Setup(t)
 		table := `"` + schemaName + `".numbered`
 		for _, q := range []string{
@@ -51,7 +53,7 @@ func TestBackfillKeyOrder(t *testing.T) {
 			}
 		}
 		sourceSQL := `SELECT id, version, json_build_object('title', title) FROM ` + table
-		sink := newSink(t, indexer.Options{Client: es})
+		sink := tooltest.NewSink(t, indexer.Options{Client: es})
 		o := Options{Pool: pool, Schema: schemaName, Index: name, SourceSQL: sourceSQL, Batch: 10, InFlight: 1,
 			OutageTimeout: 200 * time.Millisecond, Sink: &failingAfter{sink: sink, n: 1}}
 		first, err := Run(ctx, o)
@@ -69,7 +71,7 @@ func TestBackfillKeyOrder(t *testing.T) {
 		if err != nil || second.From != "10" || second.Rows != 15 || second.Applied != 15 {
 			t.Fatalf("second run: %+v, %v; want ids 11..25 after 10", second, err)
 		}
-		if docs := searchRead(t, es, name); len(docs) != 25 || docs["2"] == nil || docs["25"] == nil {
+		if docs := estest.SearchRead(t, es, name); len(docs) != 25 || docs["2"] == nil || docs["25"] == nil {
 			t.Fatalf("%d documents visible, want 25", len(docs))
 		}
 
@@ -91,11 +93,11 @@ func TestBackfillKeyOrder(t *testing.T) {
 
 	t.Run("a key without an ordering of its own is read in the order of its text, and resumes", func(t *testing.T) {
 		t.Parallel()
-		es, name := backfillIndex(t)
+		es, name := tooltest.Index(t, "backfill-")
 		pool, schemaName := schematest.Setup(t)
 		// A json id has no btree ordering: its text, in byte order.
 		sourceSQL := `SELECT to_json(i), 1, json_build_object('n', i) FROM generate_series(1, 12) i`
-		sink := newSink(t, indexer.Options{Client: es})
+		sink := tooltest.NewSink(t, indexer.Options{Client: es})
 		o := Options{Pool: pool, Schema: schemaName, Index: name, SourceSQL: sourceSQL, Batch: 5, InFlight: 1,
 			OutageTimeout: 200 * time.Millisecond, Sink: &failingAfter{sink: sink, n: 1}}
 		if first, err := Run(ctx, o); err == nil || first.Rows != 5 {
@@ -107,7 +109,7 @@ func TestBackfillKeyOrder(t *testing.T) {
 		if err != nil || second.From != "2" || second.Rows != 7 {
 			t.Fatalf("second run: %+v, %v", second, err)
 		}
-		if docs := searchRead(t, es, name); len(docs) != 12 {
+		if docs := estest.SearchRead(t, es, name); len(docs) != 12 {
 			t.Fatalf("%d documents visible, want 12", len(docs))
 		}
 	})
@@ -119,7 +121,7 @@ func TestBackfillKeyOrder(t *testing.T) {
 func TestBackfillResumesCharKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	es, name := backfillIndex(t)
+	es, name := tooltest.Index(t, "backfill-")
 	pool, schemaName := schematest.Setup(t)
 	table := `"` + schemaName + `".coded`
 	for _, q := range []string{
@@ -130,7 +132,7 @@ func TestBackfillResumesCharKey(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sink := newSink(t, indexer.Options{Client: es})
+	sink := tooltest.NewSink(t, indexer.Options{Client: es})
 	o := Options{Pool: pool, Schema: schemaName, Index: name, Batch: 10, InFlight: 1, OutageTimeout: 200 * time.Millisecond,
 		SourceSQL: `SELECT id, version, json_build_object('title', title) FROM ` + table, Sink: &failingAfter{sink: sink, n: 1}}
 	if first, err := Run(ctx, o); err == nil || first.Rows != 10 {
@@ -141,7 +143,7 @@ func TestBackfillResumesCharKey(t *testing.T) {
 	if err != nil || second.From != "k010" || second.Rows != 15 || second.Applied != 15 || second.Stale != 0 {
 		t.Fatalf("second run: %+v, %v; want k011..k025 after k010, none read again", second, err)
 	}
-	if docs := searchRead(t, es, name); len(docs) != 25 || docs["k001"] == nil || docs["k025"] == nil {
+	if docs := estest.SearchRead(t, es, name); len(docs) != 25 || docs["k001"] == nil || docs["k025"] == nil {
 		t.Fatalf("%d documents visible, want 25", len(docs))
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/internal/estest"
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/outbox"
 )
 
@@ -72,8 +74,8 @@ func TestBackfillOneRunPerIndex(t *testing.T) {
 	t.Run("while a backfill of an index runs, a second one, resumed or restarted, is refused naming the running one", func(t *testing.T) {
 		t.Parallel()
 		const rows = 600
-		e := setupBackfill(t, rows)
-		o := e.opts(newSink(t, indexer.Options{Client: e.es}))
+		e := tooltest.NewSource(t, rows)
+		o := opts(e, tooltest.NewSink(t, indexer.Options{Client: e.ES}))
 		o.Batch = 50
 		release := runHeld(t, o)
 
@@ -81,7 +83,7 @@ func TestBackfillOneRunPerIndex(t *testing.T) {
 			second := o
 			second.Restart = restart
 			rep, err := Run(ctx, second)
-			if err == nil || !strings.Contains(err.Error(), e.name) || !strings.Contains(err.Error(), "another backfill of this index is running: run ") {
+			if err == nil || !strings.Contains(err.Error(), e.Name) || !strings.Contains(err.Error(), "another backfill of this index is running: run ") {
 				t.Fatalf("restart %v: a second backfill beside the running one: %+v, %v; want it refused naming the index and the running run", restart, rep, err)
 			}
 		}
@@ -89,7 +91,7 @@ func TestBackfillOneRunPerIndex(t *testing.T) {
 		if err != nil || rep.Rows != rows || rep.Applied != rows {
 			t.Fatalf("the first run: %+v, %v; want all %d rows", rep, err, rows)
 		}
-		if docs := searchRead(t, e.es, e.name); len(docs) != rows {
+		if docs := estest.SearchRead(t, e.ES, e.Name); len(docs) != rows {
 			t.Fatalf("%d documents visible, want %d", len(docs), rows)
 		}
 	})
@@ -97,15 +99,15 @@ func TestBackfillOneRunPerIndex(t *testing.T) {
 	t.Run("a run whose lock's session is terminated stores nothing more, and the run that took over keeps its progress", func(t *testing.T) {
 		t.Parallel()
 		const rows = 600
-		e := setupBackfill(t, rows)
-		o := e.opts(newSink(t, indexer.Options{Client: e.es}))
+		e := tooltest.NewSource(t, rows)
+		o := opts(e, tooltest.NewSink(t, indexer.Options{Client: e.ES}))
 		o.Batch = 50
 		release := runHeld(t, o)
 
 		var terminated int
-		if err := e.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+		if err := e.Pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
 WHERE locktype = 'advisory' AND classid = hashtext('outboxd.backfill')::oid AND objid = hashtext($1)::oid AND granted`,
-			e.schema+"."+e.name).Scan(&terminated); err != nil || terminated != 1 {
+			e.Schema+"."+e.Name).Scan(&terminated); err != nil || terminated != 1 {
 			t.Fatalf("terminated %d sessions holding the backfill lock, %v; want the running backfill's one", terminated, err)
 		}
 		// pg_terminate_backend only signals the backend: wait until it has
@@ -113,9 +115,9 @@ WHERE locktype = 'advisory' AND classid = hashtext('outboxd.backfill')::oid AND 
 		// lock the dying session still holds.
 		for deadline := time.Now().Add(30 * time.Second); ; {
 			var held int
-			if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND classid = hashtext('outboxd.backfill')::oid AND objid = hashtext($1)::oid AND granted`,
-				e.schema+"."+e.name).Scan(&held); err != nil {
+				e.Schema+"."+e.Name).Scan(&held); err != nil {
 				t.Fatal(err)
 			}
 			if held == 0 {
@@ -138,7 +140,7 @@ WHERE locktype = 'advisory' AND classid = hashtext('outboxd.backfill')::oid AND 
 		var last string
 		var read int64
 		var finished bool
-		if err := e.pool.QueryRow(ctx, `SELECT last_key, rows_read, finished_at IS NOT NULL FROM "`+e.schema+`".backfills WHERE index_name = $1`, e.name).
+		if err := e.Pool.QueryRow(ctx, `SELECT last_key, rows_read, finished_at IS NOT NULL FROM "`+e.Schema+`".backfills WHERE index_name = $1`, e.Name).
 			Scan(&last, &read, &finished); err != nil || last != "a0000600" || read != rows || !finished {
 			t.Fatalf("stored progress: last %q, %d rows, finished %v, %v; want the second run's, finished after a0000600", last, read, finished, err)
 		}

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/internal/estest"
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -39,10 +41,10 @@ func TestBackfillRejectsUnreadableRow(t *testing.T) {
 		{"txt", map[string]string{"r2": `version: "abc"`, "r3": "version: NULL", "r4": "deleted: NULL"}},
 	} {
 		t.Run("a version of type "+tc.column, func(t *testing.T) {
-			es, name := backfillIndex(t)
+			es, name := tooltest.Index(t, "backfill-")
 			rep, err := Run(ctx, Options{Pool: pool, Schema: schemaName, Index: name, Batch: 2, InFlight: 1,
 				SourceSQL: `SELECT id, ` + tc.column + `, json_build_object('title', title), del FROM ` + table,
-				Sink:      newSink(t, indexer.Options{Client: es})})
+				Sink:      tooltest.NewSink(t, indexer.Options{Client: es})})
 			if err != nil {
 				t.Fatalf("the backfill stopped: %v (report %+v); want the unreadable rows rejected and the rest written", err, rep)
 			}
@@ -54,7 +56,7 @@ func TestBackfillRejectsUnreadableRow(t *testing.T) {
 					t.Errorf("rejected %q: %q; want one of %v", s.ID, s.Reason, tc.want)
 				}
 			}
-			docs := searchRead(t, es, name)
+			docs := estest.SearchRead(t, es, name)
 			if len(docs) != 2 || docs["r1"] == nil || docs["r6"] == nil {
 				t.Fatalf("visible: %v; want r1 and r6 (r5 is deleted)", docs)
 			}

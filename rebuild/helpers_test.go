@@ -1,177 +1,229 @@
 package rebuild
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"sort"
+	"log/slog"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
+	"github.com/outboxd/outboxd/backfill"
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/internal/scan"
-	"github.com/outboxd/outboxd/schema/schematest"
+	"github.com/outboxd/outboxd/internal/estest"
+	"github.com/outboxd/outboxd/internal/tooltest"
 )
 
-// testIndex is a test index family made with raw API calls, following
-// the conventions without depending on Bootstrap: concrete N-000001 (the
-// write index), optionally an older N-000000 behind the same write alias
-// N, and the filtered read alias N-read.
-type testIndex struct {
-	es    *elasticsearch.Client
-	name  string
-	write string
-	old   string // "" unless two indices were asked for
+// keywordSpec is the layout before the rebuild: title is a keyword, so a
+// search for one word of it finds nothing; textMappings makes it text.
+const (
+	keywordSpec  = `{"mappings":{"properties":{"title":{"type":"keyword"}}}}`
+	textMappings = `{"properties":{"title":{"type":"text"}}}`
+)
+
+// setupRebuild is a tooltest.Source whose index holds every row of the
+// table (title a keyword); every concrete index of the name, the rebuilt
+// ones too, is deleted when the test ends.
+func setupRebuild(t *testing.T, rows int) *tooltest.Source {
+	return setupRebuildSpec(t, rows, keywordSpec)
 }
 
-func setupIndex(t testing.TB, twoIndices bool) *testIndex {
+// setupRebuildSpec is setupRebuild with the index made from spec.
+func setupRebuildSpec(t *testing.T, rows int, spec string) *tooltest.Source {
 	t.Helper()
-	es, err := indexer.NewClient(indexer.ClientConfig{Addresses: []string{schematest.ElasticsearchURL(t)}, Timeout: time.Minute})
+	e := tooltest.NewSource(t, rows)
+	sink := tooltest.NewSink(t, indexer.Options{Client: e.ES, IndexSpec: []byte(spec)})
+	if _, err := backfill.Run(context.Background(), backfill.Options{Pool: e.Pool, Schema: e.Schema, Sink: sink, Index: e.Name, SourceSQL: e.SQL(), Batch: 2000}); err != nil {
+		t.Fatal(err)
+	}
+	estest.Refresh(t, e.ES, e.Name)
+	return e
+}
+
+// rebuildOpts rebuilds e's index with textMappings.
+func rebuildOpts(e *tooltest.Source) Options {
+	return Options{Pool: e.Pool, Schema: e.Schema, ES: e.ES, Index: e.Name, Mappings: []byte(textMappings), Grace: 500 * time.Millisecond}
+}
+
+// aliasTarget returns the concrete indices behind alias.
+func aliasTarget(t *testing.T, es *elasticsearch.Client, alias string) string {
+	t.Helper()
+	st, b := estest.Call(t, es, "GET", "/_alias/"+alias, "")
+	if st != 200 {
+		t.Fatalf("get alias %s: %d %s", alias, st, b)
+	}
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	var names []string
+	for k := range m {
+		names = append(names, k)
+	}
+	return strings.Join(names, ",")
+}
+
+// phase reads the phase and copied count of e's rebuild.
+func phase(t *testing.T, e *tooltest.Source) (phase string, copied int64) {
+	t.Helper()
+	err := e.Pool.QueryRow(context.Background(), `SELECT phase, copied FROM "`+e.Schema+`".rebuilds WHERE index_name = $1`, e.Name).Scan(&phase, &copied)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ri := &testIndex{es: es, name: schematest.Name("repair-"), write: ""}
-	ri.write = ri.name + "-000001"
-	mapping := `{"settings":{"number_of_shards":1,"number_of_replicas":0},"mappings":{"properties":{
-		"outboxd_deleted":{"type":"boolean"},"outboxd_deleted_at":{"type":"date"},
-		"source_id":{"type":"keyword"},"canonical_url":{"type":"keyword"},"version":{"type":"long"},"updated_at":{"type":"date"}}}}`
-	ri.raw(t, "PUT", "/"+ri.write, mapping)
-	t.Cleanup(func() {
-		res, err := esapi.IndicesDeleteRequest{Index: []string{ri.name + "-0*"}}.Do(context.Background(), es)
-		if err == nil {
+	return phase, copied
+}
+
+// cancelWhen cancels the returned context once cond holds.
+func cancelWhen(cond func() bool) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for ctx.Err() == nil {
+			if cond() {
+				cancel()
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return ctx
+}
+
+// cancelOn is a log handler that cancels a run when it logs msg: a kill
+// at a precise point of a rebuild.
+type cancelOn struct {
+	msg    string
+	cancel func()
+}
+
+func (h cancelOn) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelOn) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h cancelOn) WithGroup(string) slog.Handler            { return h }
+func (h cancelOn) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.cancel()
+	}
+	return nil
+}
+
+// searcher polls N with random searches, as an application would, and
+// counts failures and tombstones seen.
+type searcher struct {
+	done                          chan struct{}
+	wg                            sync.WaitGroup
+	searches, failures, tombstone atomic.Int64
+	firstFailure                  atomic.Value
+}
+
+func startSearcher(t *testing.T, es *elasticsearch.Client, name string) *searcher {
+	s := &searcher{done: make(chan struct{})}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			res, err := esapi.SearchRequest{Index: []string{name}, Body: strings.NewReader(`{"size":50,"query":{"function_score":{"random_score":{}}}}`)}.Do(context.Background(), es)
+			s.searches.Add(1)
+			if err != nil {
+				s.failures.Add(1)
+				s.firstFailure.CompareAndSwap(nil, err.Error())
+				continue
+			}
+			var page struct {
+				Hits struct {
+					Hits []struct {
+						Source json.RawMessage `json:"_source"`
+					} `json:"hits"`
+				} `json:"hits"`
+			}
+			err = json.NewDecoder(res.Body).Decode(&page)
 			res.Body.Close()
+			if res.StatusCode != 200 || err != nil || len(page.Hits.Hits) == 0 {
+				s.failures.Add(1)
+				s.firstFailure.CompareAndSwap(nil, fmt.Sprintf("HTTP %d, %d hits, %v", res.StatusCode, len(page.Hits.Hits), err))
+				continue
+			}
+			for _, h := range page.Hits.Hits {
+				if estest.IsTombstone(h.Source) {
+					s.tombstone.Add(1)
+				}
+			}
 		}
-	})
-	actions := []string{
-		fmt.Sprintf(`{"add":{"index":%q,"alias":%q,"is_write_index":true}}`, ri.write, ri.name),
-		fmt.Sprintf(`{"add":{"index":%q,"alias":%q,"filter":{"bool":{"must_not":{"term":{"outboxd_deleted":true}}}}}}`, ri.write, ri.name+"-read"),
-	}
-	if twoIndices {
-		ri.old = ri.name + "-000000"
-		ri.raw(t, "PUT", "/"+ri.old, mapping)
-		actions = append(actions,
-			fmt.Sprintf(`{"add":{"index":%q,"alias":%q,"is_write_index":false}}`, ri.old, ri.name),
-			fmt.Sprintf(`{"add":{"index":%q,"alias":%q,"filter":{"bool":{"must_not":{"term":{"outboxd_deleted":true}}}}}}`, ri.old, ri.name+"-read"))
-	}
-	ri.raw(t, "POST", "/_aliases", `{"actions":[`+strings.Join(actions, ",")+`]}`)
-	return ri
+	}()
+	return s
 }
 
-// raw sends a request and fails the test on a non-2xx answer.
-func (ri *testIndex) raw(t testing.TB, method, path, body string) []byte {
-	t.Helper()
-	b, status := ri.rawStatus(t, method, path, body)
-	if status >= 300 {
-		t.Fatalf("%s %s: status %d: %s", method, path, status, b)
+func (s *searcher) stop(t *testing.T) {
+	close(s.done)
+	s.wg.Wait()
+	t.Logf("searcher: %d searches on the name, %d failed (first: %v), %d tombstones seen", s.searches.Load(), s.failures.Load(), s.firstFailure.Load(), s.tombstone.Load())
+	if s.failures.Load() > 0 || s.tombstone.Load() > 0 || s.searches.Load() < 10 {
+		t.Errorf("searches on the name: %d failed, %d tombstones seen, %d searches", s.failures.Load(), s.tombstone.Load(), s.searches.Load())
 	}
-	return b
 }
 
-func (ri *testIndex) rawStatus(t testing.TB, method, path, body string) ([]byte, int) {
-	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := newHTTPRequest(method, path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := ri.es.Perform(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return b, res.StatusCode
-}
-
-// put indexes one document; version 0 means internal versioning (a
-// legacy writer), otherwise external_gte like the sink.
-func (ri *testIndex) put(t testing.TB, index, id string, version int64, body string) {
-	t.Helper()
-	path := "/" + index + "/_doc/" + id
-	if version > 0 {
-		path += fmt.Sprintf("?version=%d&version_type=external_gte", version)
-	}
-	ri.raw(t, "PUT", path, body)
-}
-
-func (ri *testIndex) refresh(t testing.TB) {
-	t.Helper()
-	ri.raw(t, "POST", "/"+ri.name+"-0*/_refresh", "")
-}
-
-// snapDoc is a document as the tests compare it.
-type snapDoc struct {
-	Version int64
-	SeqNo   int64
-	Source  string
-}
-
-// snapshot reads every document of the family, whole sources included.
-func (ri *testIndex) snapshot(t testing.TB) map[string]snapDoc {
-	t.Helper()
-	ri.refresh(t)
-	out := map[string]snapDoc{}
-	indices := []string{ri.write}
-	if ri.old != "" {
-		indices = append(indices, ri.old)
-	}
-	err := scan.Each(context.Background(), ri.es, scan.Options{Indices: indices, PageSize: 7}, func(h scan.Hit) error {
-		var buf bytes.Buffer
-		if err := json.Compact(&buf, h.Source); err != nil {
-			return err
+// rebuildDocs is the size of the proof run: OUTBOXD_REBUILD_DOCS=200000
+// for the full-size run by hand, 20,000 by default so that the race
+// detector stays within a few minutes.
+func rebuildDocs(t *testing.T) int {
+	if v := os.Getenv("OUTBOXD_REBUILD_DOCS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1000 {
+			t.Fatalf("OUTBOXD_REBUILD_DOCS=%q: want a number >= 1000", v)
 		}
-		out[h.Index+"/"+h.ID] = snapDoc{Version: h.Version, SeqNo: h.SeqNo, Source: buf.String()}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+		return n
 	}
-	return out
+	return 20_000
 }
 
-// visible returns the _ids a searcher sees through the read alias.
-func (ri *testIndex) visible(t testing.TB) []string {
+// countMatch counts the documents of name whose title matches word.
+func countMatch(t *testing.T, es *elasticsearch.Client, name, word string) int64 {
 	t.Helper()
-	ri.refresh(t)
-	b := ri.raw(t, "POST", "/"+ri.name+"-read/_search", `{"size":1000}`)
-	var res struct {
-		Hits struct {
-			Hits []struct {
-				Index string `json:"_index"`
-				ID    string `json:"_id"`
-			} `json:"hits"`
-		} `json:"hits"`
+	st, b := estest.Call(t, es, "POST", "/"+name+"/_count", `{"query":{"match":{"title":"`+word+`"}}}`)
+	var out struct {
+		Count int64 `json:"count"`
 	}
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatal(err)
+	if st != 200 || json.Unmarshal(b, &out) != nil {
+		t.Fatalf("count: %d %s", st, b)
 	}
-	var ids []string
-	for _, h := range res.Hits.Hits {
-		ids = append(ids, h.Index+"/"+h.ID)
-	}
-	sort.Strings(ids)
-	return ids
+	return out.Count
 }
 
-func tombstoneBody() string {
-	return `{"outboxd_deleted":true,"outboxd_deleted_at":"2024-05-01T00:00:00Z"}`
+// multiOnLog runs the function of a logged message, by message.
+type multiOnLog map[string]func()
+
+func (h multiOnLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h multiOnLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h multiOnLog) WithGroup(string) slog.Handler            { return h }
+func (h multiOnLog) Handle(_ context.Context, r slog.Record) error {
+	if f := h[r.Message]; f != nil {
+		f()
+	}
+	return nil
 }
 
-func newHTTPRequest(method, path string, body io.Reader) (*http.Request, error) {
-	req, err := http.NewRequest(method, path, body)
-	if err != nil {
-		return nil, err
+// onLog is a log handler that runs f (once) when a run logs msg.
+type onLog struct {
+	msg  string
+	once *sync.Once
+	f    func()
+}
+
+func (h onLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h onLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h onLog) WithGroup(string) slog.Handler            { return h }
+func (h onLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(h.f)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	return req, nil
+	return nil
 }

@@ -14,7 +14,8 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/internal/scan"
+	"github.com/outboxd/outboxd/internal/estest"
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -42,7 +43,7 @@ func TestRebuildLateBulkReachesNewIndex(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setupRebuild(t, 10)
-	old := indexer.FirstIndex(e.name)
+	old := indexer.FirstIndex(e.Name)
 	release := make(chan struct{})
 	proxy := holdingProxy(t, release)
 	// A bulk that resolved N-write to the old index before the swap (as a
@@ -70,7 +71,7 @@ func TestRebuildLateBulkReachesNewIndex(t *testing.T) {
 			late <- answer{res.StatusCode, string(b)}
 		}()
 	}
-	o := e.rebuildOpts()
+	o := rebuildOpts(e)
 	o.Grace = 100 * time.Millisecond
 	o.Logger = slog.New(multiOnLog{
 		"rebuild caught up": func() { sendOnce.Do(send) },
@@ -84,7 +85,7 @@ func TestRebuildLateBulkReachesNewIndex(t *testing.T) {
 	acknowledged := a.status == 200 && !strings.Contains(a.body, `"errors":true`)
 	t.Logf("the late bulk: HTTP %d %s", a.status, a.body)
 	if acknowledged {
-		if d := getDoc(t, e.es, e.name, "a0000001"); d.Version != 50 {
+		if d := estest.Get(t, e.ES, e.Name, "a0000001"); d.Version != 50 {
 			t.Fatalf("a bulk acknowledged on the old index after the swap is not in the new one: %+v", d)
 		}
 	} else if !strings.Contains(a.body, "cluster_block_exception") {
@@ -93,57 +94,14 @@ func TestRebuildLateBulkReachesNewIndex(t *testing.T) {
 
 	// The relay's sink retries an item refused by the block instead of
 	// dead-lettering it: the retry resolves N-write to the new index.
-	if st, b := esCall(t, e.es, "PUT", "/"+rep.NewIndex+"/_block/write", ""); st != 200 {
+	if st, b := estest.Call(t, e.ES, "PUT", "/"+rep.NewIndex+"/_block/write", ""); st != 200 {
 		t.Fatalf("block: %d %s", st, b)
 	}
-	out := mustWrite(t, newSink(t, indexer.Options{Client: e.es}), upsert(e.name, "a0000002", 70, `{"title":"blocked"}`))
-	if st, b := esCall(t, e.es, "PUT", "/"+rep.NewIndex+"/_settings", `{"index.blocks.write":false}`); st != 200 {
+	out := estest.MustWrite(t, tooltest.NewSink(t, indexer.Options{Client: e.ES}), estest.Upsert(e.Name, "a0000002", 70, `{"title":"blocked"}`))
+	if st, b := estest.Call(t, e.ES, "PUT", "/"+rep.NewIndex+"/_settings", `{"index.blocks.write":false}`); st != 200 {
 		t.Fatalf("unblock: %d %s", st, b)
 	}
 	if out[0].Status != outbox.Retry {
 		t.Fatalf("a write refused by an index write block: %+v; want it retried", out[0])
-	}
-}
-
-// multiOnLog runs the function of a logged message, by message.
-type multiOnLog map[string]func()
-
-func (h multiOnLog) Enabled(context.Context, slog.Level) bool { return true }
-func (h multiOnLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h multiOnLog) WithGroup(string) slog.Handler            { return h }
-func (h multiOnLog) Handle(_ context.Context, r slog.Record) error {
-	if f := h[r.Message]; f != nil {
-		f()
-	}
-	return nil
-}
-
-// TestScanKeepsPointInTimeWhileSinkWaits: a page whose documents wait on
-// the sink far longer than the point in time's keep_alive (past the
-// node's once-a-minute reaper of expired contexts) does not lose the scan.
-func TestScanKeepsPointInTimeWhileSinkWaits(t *testing.T) {
-	if testing.Short() {
-		t.Skip("waits 70s past a point in time's keep_alive")
-	}
-	t.Parallel()
-	e := setupRebuild(t, 20)
-	seen := 0
-	err := scan.Each(context.Background(), e.es, scan.Options{Indices: []string{indexer.FirstIndex(e.name)}, PageSize: 5, KeepAlive: time.Second}, func(scan.Hit) error {
-		seen++
-		if seen == 1 {
-			time.Sleep(70 * time.Second) // a sink under backpressure
-		}
-		return nil
-	})
-	if _, openSearch, serr := indexer.Server(context.Background(), e.es); serr == nil && openSearch {
-		// OpenSearch scans by scroll, which nothing keeps alive between
-		// pages: the expiry must be reported as such.
-		if err == nil || !strings.Contains(err.Error(), "the scroll expired") {
-			t.Fatalf("scan on OpenSearch: %d documents, %v; want the scroll's expiry named", seen, err)
-		}
-		return
-	}
-	if err != nil || seen != 20 {
-		t.Fatalf("scan: %d documents, %v", seen, err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/internal/estest"
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -26,7 +28,7 @@ import (
 //	buried source v3, tombstone at v4              missing: upsert at 4
 //	ahead  source v1, index v2, other content      ahead: upsert at 3
 //	same   source v1, index v2, same content       no drift
-func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *testIndex) string {
+func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *tooltest.Family) string {
 	t.Helper()
 	ctx := context.Background()
 	table := `"` + schemaName + `".articles`
@@ -44,18 +46,18 @@ func seedReconcile(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *test
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := ri.write
-	ri.put(t, w, "ok", 2, `{"title":"ok"}`)
-	ri.put(t, w, "stale", 3, `{"title":"stale v3"}`)
-	ri.put(t, w, "extra", 4, `{"title":"extra"}`)
-	ri.put(t, w, "resur", 3, `{"title":"resur"}`)
-	ri.put(t, w, "tomb", 2, tombstoneBody())
-	ri.put(t, w, "dup", 2, `{"title":"dup"}`)
-	ri.put(t, w, "legacy-dup", 0, `{"source_id":"dup","title":"dup"}`)
-	ri.put(t, w, "buried", 4, tombstoneBody())
-	ri.put(t, w, "ahead", 2, `{"title":"ahead v2"}`)
-	ri.put(t, w, "same", 2, `{"title":"same"}`)
-	ri.refresh(t)
+	w := ri.Write
+	ri.Put(t, w, "ok", 2, `{"title":"ok"}`)
+	ri.Put(t, w, "stale", 3, `{"title":"stale v3"}`)
+	ri.Put(t, w, "extra", 4, `{"title":"extra"}`)
+	ri.Put(t, w, "resur", 3, `{"title":"resur"}`)
+	ri.Put(t, w, "tomb", 2, estest.Tombstone)
+	ri.Put(t, w, "dup", 2, `{"title":"dup"}`)
+	ri.Put(t, w, "legacy-dup", 0, `{"source_id":"dup","title":"dup"}`)
+	ri.Put(t, w, "buried", 4, estest.Tombstone)
+	ri.Put(t, w, "ahead", 2, `{"title":"ahead v2"}`)
+	ri.Put(t, w, "same", 2, `{"title":"same"}`)
+	ri.Refresh(t)
 	return `SELECT id, version, doc, deleted FROM ` + table
 }
 
@@ -63,9 +65,9 @@ func TestReconcile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	setup := func(t *testing.T) (*pgxpool.Pool, string, *testIndex, string) {
+	setup := func(t *testing.T) (*pgxpool.Pool, string, *tooltest.Family, string) {
 		pool, schemaName := schematest.Setup(t)
-		ri := setupIndex(t, false)
+		ri := tooltest.NewFamily(t, false)
 		return pool, schemaName, ri, seedReconcile(t, pool, schemaName, ri)
 	}
 	wantCounts := map[string]int64{DriftMissing: 2, DriftStale: 1, DriftExtra: 1, DriftResurrected: 1, DriftDuplicate: 1, DriftAhead: 1}
@@ -73,7 +75,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("a dry run detects each kind of drift and appends nothing", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, sql := setup(t)
-		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Sample: 5})
+		rep, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: sql, Sample: 5})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +97,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("apply appends versioned fixes that win the version gate", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, sql := setup(t)
-		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true, Operator: "tester"})
+		rep, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: sql, Apply: true, Operator: "tester"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,8 +115,8 @@ func TestReconcile(t *testing.T) {
 			if err := rows.Scan(&idx, &sid, &v, &op, &title); err != nil {
 				t.Fatal(err)
 			}
-			if idx != ri.name {
-				t.Errorf("event for %s has index_name %q, want the write alias %q", sid, idx, ri.name)
+			if idx != ri.Name {
+				t.Errorf("event for %s has index_name %q, want the write alias %q", sid, idx, ri.Name)
 			}
 			got = append(got, strings.Join([]string{sid, op, title, reconItoa(v)}, " "))
 		}
@@ -126,7 +128,7 @@ func TestReconcile(t *testing.T) {
 			t.Fatalf("events\n got %q\nwant %q", got, want)
 		}
 		var counter int64
-		if err := pool.QueryRow(ctx, `SELECT version FROM "`+schemaName+`".versions WHERE index_name = $1 AND source_id = 'extra'`, ri.name).Scan(&counter); err != nil || counter != 5 {
+		if err := pool.QueryRow(ctx, `SELECT version FROM "`+schemaName+`".versions WHERE index_name = $1 AND source_id = 'extra'`, ri.Name).Scan(&counter); err != nil || counter != 5 {
 			t.Fatalf("versions counter for extra = %d (%v), want 5 so later auto versions win", counter, err)
 		}
 		var audits int
@@ -149,17 +151,17 @@ func TestReconcile(t *testing.T) {
 				t.Fatal(err)
 			}
 			if op == "delete" {
-				doc = []byte(tombstoneBody())
+				doc = []byte(estest.Tombstone)
 			}
-			if _, status := ri.rawStatus(t, "PUT", "/"+ri.name+"/_doc/"+sid+"?version="+reconItoa(v)+"&version_type=external_gte", string(doc)); status >= 300 {
+			if status, _ := estest.Call(t, ri.ES, "PUT", "/"+ri.Name+"/_doc/"+sid+"?version="+reconItoa(v)+"&version_type=external_gte", string(doc)); status >= 300 {
 				t.Errorf("fix for %s at version %d lost the version gate: status %d", sid, v, status)
 			}
 		}
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		ri.refresh(t)
-		again, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql})
+		ri.Refresh(t)
+		again, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: sql})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,7 +176,7 @@ func TestReconcile(t *testing.T) {
 
 	// deliver writes the outbox's events as the sink would: external_gte at
 	// the event's version, a tombstone for a delete.
-	deliver := func(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *testIndex) {
+	deliver := func(t *testing.T, pool *pgxpool.Pool, schemaName string, ri *tooltest.Family) {
 		t.Helper()
 		rows, err := pool.Query(ctx, `SELECT source_id, version, op, document FROM "`+schemaName+`".events ORDER BY id`)
 		if err != nil {
@@ -189,30 +191,30 @@ func TestReconcile(t *testing.T) {
 				t.Fatal(err)
 			}
 			if op == "delete" {
-				doc = []byte(tombstoneBody())
+				doc = []byte(estest.Tombstone)
 			}
-			ri.put(t, ri.write, sid, v, string(doc))
+			ri.Put(t, ri.Write, sid, v, string(doc))
 		}
 		if err := rows.Err(); err != nil {
 			t.Fatal(err)
 		}
-		ri.refresh(t)
+		ri.Refresh(t)
 	}
 
 	t.Run("a document's own version field is data: it reconciles clean and a second apply appends nothing", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName := schematest.Setup(t)
-		ri := setupIndex(t, false)
+		ri := tooltest.NewFamily(t, false)
 		table := `"` + schemaName + `".apps`
 		// "version" in the body is the app's release, not the row's version.
 		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id text, version bigint, doc jsonb);
 			INSERT INTO `+table+` VALUES ('app', 3, '{"name":"app","version":1}'), ('new', 1, '{"name":"new","version":9}')`); err != nil {
 			t.Fatal(err)
 		}
-		ri.put(t, ri.write, "app", 3, `{"name":"app","version":1}`)
-		ri.refresh(t)
+		ri.Put(t, ri.Write, "app", 3, `{"name":"app","version":1}`)
+		ri.Refresh(t)
 		sql := `SELECT id, version, doc FROM ` + table
-		opts := Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true}
+		opts := Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: sql, Apply: true}
 		rep, err := Run(ctx, opts)
 		if err != nil {
 			t.Fatal(err)
@@ -238,18 +240,18 @@ func TestReconcile(t *testing.T) {
 	t.Run("a version field compares a legacy index by the document's field", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName := schematest.Setup(t)
-		ri := setupIndex(t, false)
+		ri := tooltest.NewFamily(t, false)
 		table := `"` + schemaName + `".legacy`
 		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id text, version bigint, doc jsonb);
 			INSERT INTO `+table+` VALUES ('same', 5, '{"rev":5}'), ('behind', 7, '{"rev":7}')`); err != nil {
 			t.Fatal(err)
 		}
 		// A legacy writer: internal versioning, so _version is 1.
-		ri.put(t, ri.write, "same", 0, `{"rev":5}`)
-		ri.put(t, ri.write, "behind", 0, `{"rev":6}`)
-		ri.refresh(t)
+		ri.Put(t, ri.Write, "same", 0, `{"rev":5}`)
+		ri.Put(t, ri.Write, "behind", 0, `{"rev":6}`)
+		ri.Refresh(t)
 		sql := `SELECT id, version, doc FROM ` + table
-		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "rev"})
+		rep, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: sql, VersionField: "rev"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +259,7 @@ func TestReconcile(t *testing.T) {
 			rep.Samples[DriftStale][0].SourceID != "behind" || rep.Samples[DriftStale][0].IndexVersion != 6 {
 			t.Fatalf("counts %v samples %+v, want only behind stale at rev 6", rep.Counts, rep.Samples)
 		}
-		if _, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, VersionField: "_version"}); err == nil || !strings.Contains(err.Error(), "version_field") {
+		if _, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: sql, VersionField: "_version"}); err == nil || !strings.Contains(err.Error(), "version_field") {
 			t.Fatalf("a metadata version field: %v, want a version_field error", err)
 		}
 	})
@@ -277,7 +279,7 @@ func TestReconcile(t *testing.T) {
 			`SELECT * FROM ` + s + `.sneaky()`,
 			`SELECT id, version, doc FROM ` + s + `.victims FOR UPDATE`,
 		} {
-			_, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: sql, Apply: true})
+			_, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: sql, Apply: true})
 			if err == nil || !strings.Contains(err.Error(), "source_sql: must only read") {
 				t.Errorf("%s: %v, want a read-only refusal", sql, err)
 			}
@@ -296,7 +298,7 @@ func TestReconcile(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, _ := setup(t)
 		start := time.Now()
-		_, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name,
+		_, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name,
 			SourceSQL: `SELECT 'a', 1, '{}'::jsonb FROM pg_sleep(30)`, SourceTimeout: 300 * time.Millisecond})
 		if err == nil || !strings.Contains(err.Error(), "did not finish within the source timeout of 300ms") {
 			t.Fatalf("got %v, want a source timeout error", err)
@@ -309,7 +311,7 @@ func TestReconcile(t *testing.T) {
 	t.Run("bad source SQL names the problem", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName, ri, _ := setup(t)
-		_, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name, SourceSQL: "SELECT 1, 2"})
+		_, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name, SourceSQL: "SELECT 1, 2"})
 		if err == nil || !strings.Contains(err.Error(), "source_sql: returns 2 columns") {
 			t.Fatalf("err %v", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -17,13 +18,13 @@ func TestReservedFieldsInRows(t *testing.T) {
 	t.Run("reconcile rejects that row and appends the other fixes", func(t *testing.T) {
 		t.Parallel()
 		pool, schemaName := schematest.Setup(t)
-		ri := setupIndex(t, false)
+		ri := tooltest.NewFamily(t, false)
 		table := `"` + schemaName + `".articles`
 		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id text PRIMARY KEY, version bigint NOT NULL, doc jsonb, deleted boolean NOT NULL DEFAULT false);
 			INSERT INTO `+table+` VALUES ('good', 1, '{"title":"good"}', false), ('bad', 1, '{"title":"bad","outboxd_deleted_at":"2026-01-01T00:00:00Z"}', false)`); err != nil {
 			t.Fatal(err)
 		}
-		rep, err := Run(ctx, Options{ES: ri.es, DB: pool, Schema: schemaName, Index: ri.name,
+		rep, err := Run(ctx, Options{ES: ri.ES, DB: pool, Schema: schemaName, Index: ri.Name,
 			SourceSQL: `SELECT id, version, doc, deleted FROM ` + table, Apply: true, Operator: "tester"})
 		if err != nil {
 			t.Fatalf("Reconcile: %v", err)

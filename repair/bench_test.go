@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/tooltest"
 )
 
 // BenchmarkRepair200k plans and applies a repair of a 200k-document index
@@ -34,17 +36,17 @@ func BenchmarkRepair200k(b *testing.B) {
 	ctx := context.Background()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		ri := setupIndex(b, false)
-		ri.raw(b, "PUT", "/"+ri.write+"/_settings", `{"index":{"refresh_interval":"-1"}}`)
+		ri := tooltest.NewFamily(b, false)
+		ri.Raw(b, "PUT", "/"+ri.Write+"/_settings", `{"index":{"refresh_interval":"-1"}}`)
 		dups := benchSeed(b, ri, total)
-		ri.raw(b, "PUT", "/"+ri.write+"/_settings", `{"index":{"refresh_interval":null}}`)
-		ri.refresh(b)
+		ri.Raw(b, "PUT", "/"+ri.Write+"/_settings", `{"index":{"refresh_interval":null}}`)
+		ri.Refresh(b)
 		runtime.GC()
 		resetPeakRSS(b)
 		b.StartTimer()
 
 		t0 := time.Now()
-		plan, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name, PageSize: 2000})
+		plan, err := PlanDuplicates(ctx, ri.ES, Options{Index: ri.Name, PageSize: 2000})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -54,7 +56,7 @@ func BenchmarkRepair200k(b *testing.B) {
 			b.Fatalf("summary %+v, want %d scanned and %d groups", s, total, dups)
 		}
 		t1 := time.Now()
-		res, err := plan.Apply(ctx, ri.es, ApplyOptions{BackupPath: filepath.Join(b.TempDir(), "backup.ndjson")})
+		res, err := plan.Apply(ctx, ri.ES, ApplyOptions{BackupPath: filepath.Join(b.TempDir(), "backup.ndjson")})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -75,7 +77,7 @@ func BenchmarkRepair200k(b *testing.B) {
 // benchSeed bulk-loads total documents: total*0.9 canonical ones and
 // the rest as duplicates of the first keys. It returns the number of keys
 // with a duplicate.
-func benchSeed(b *testing.B, ri *testIndex, total int) int {
+func benchSeed(b *testing.B, ri *tooltest.Family, total int) int {
 	b.Helper()
 	ctx := context.Background()
 	dups := total / 10
@@ -86,7 +88,7 @@ func benchSeed(b *testing.B, ri *testIndex, total int) int {
 		if buf.Len() == 0 {
 			return
 		}
-		items, err := bulk(ctx, ri.es, buf.Bytes())
+		items, err := bulk(ctx, ri.ES, buf.Bytes())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -99,7 +101,7 @@ func benchSeed(b *testing.B, ri *testIndex, total int) int {
 	}
 	for i := 0; i < total; i++ {
 		if i < unique {
-			fmt.Fprintf(&buf, `{"index":{"_index":%q,"_id":"src-%d","version":5,"version_type":"external_gte"}}`+"\n", ri.write, i)
+			fmt.Fprintf(&buf, `{"index":{"_index":%q,"_id":"src-%d","version":5,"version_type":"external_gte"}}`+"\n", ri.Write, i)
 			fmt.Fprintf(&buf, `{"title":"doc %d","updated_at":"2024-01-01T00:00:00Z","body":%q}`+"\n", i, filler)
 		} else {
 			k := i - unique // duplicates of src-0 .. src-(dups-1)
@@ -107,7 +109,7 @@ func benchSeed(b *testing.B, ri *testIndex, total int) int {
 			if k%2 == 0 {
 				v = 6 // newer: rewritten over the canonical copy
 			}
-			fmt.Fprintf(&buf, `{"index":{"_index":%q,"_id":"legacy-%d"}}`+"\n", ri.write, k)
+			fmt.Fprintf(&buf, `{"index":{"_index":%q,"_id":"legacy-%d"}}`+"\n", ri.Write, k)
 			fmt.Fprintf(&buf, `{"source_id":"src-%d","version":%d,"title":"legacy %d","body":%q}`+"\n", k, v, k, filler)
 		}
 		if (i+1)%5000 == 0 {

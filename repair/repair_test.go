@@ -9,6 +9,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/outboxd/outboxd/internal/estest"
+	"github.com/outboxd/outboxd/internal/tooltest"
 )
 
 // seedDuplicates writes the duplicate cases repair handles into a two-index family:
@@ -19,38 +22,38 @@ import (
 //	s4  a duplicate that the test modifies between Plan and Apply
 //	s5  one document in place: nothing to do
 //	s6  a version tie broken by updated_at
-func seedDuplicates(t *testing.T, ri *testIndex) {
+func seedDuplicates(t *testing.T, ri *tooltest.Family) {
 	t.Helper()
-	w, o := ri.write, ri.old
-	ri.put(t, w, "r1a", 0, `{"source_id":"s1","version":1,"title":"v1"}`)
-	ri.put(t, w, "r1b", 0, `{"source_id":"s1","version":3,"title":"v3"}`)
-	ri.put(t, o, "r1c", 0, `{"source_id":"s1","version":2,"title":"v2"}`)
+	w, o := ri.Write, ri.Old
+	ri.Put(t, w, "r1a", 0, `{"source_id":"s1","version":1,"title":"v1"}`)
+	ri.Put(t, w, "r1b", 0, `{"source_id":"s1","version":3,"title":"v3"}`)
+	ri.Put(t, o, "r1c", 0, `{"source_id":"s1","version":2,"title":"v2"}`)
 
-	ri.put(t, w, "s2", 5, tombstoneBody())
-	ri.put(t, w, "r2", 0, `{"source_id":"s2","version":4,"title":"live"}`)
+	ri.Put(t, w, "s2", 5, estest.Tombstone)
+	ri.Put(t, w, "r2", 0, `{"source_id":"s2","version":4,"title":"live"}`)
 
-	ri.put(t, w, "s3", 6, `{"title":"w6"}`)
-	ri.put(t, o, "s3", 7, `{"source_id":"s3","version":7,"title":"o7"}`)
+	ri.Put(t, w, "s3", 6, `{"title":"w6"}`)
+	ri.Put(t, o, "s3", 7, `{"source_id":"s3","version":7,"title":"o7"}`)
 
-	ri.put(t, w, "s4", 2, `{"title":"canonical"}`)
-	ri.put(t, w, "r4", 0, `{"source_id":"s4","version":1,"title":"legacy"}`)
+	ri.Put(t, w, "s4", 2, `{"title":"canonical"}`)
+	ri.Put(t, w, "r4", 0, `{"source_id":"s4","version":1,"title":"legacy"}`)
 
-	ri.put(t, w, "s5", 1, `{"title":"fine"}`)
+	ri.Put(t, w, "s5", 1, `{"title":"fine"}`)
 
-	ri.put(t, w, "r6a", 0, `{"source_id":"s6","version":2,"updated_at":"2024-01-01T00:00:00Z","title":"jan"}`)
-	ri.put(t, w, "r6b", 0, `{"source_id":"s6","version":2,"updated_at":"2024-06-01T00:00:00Z","title":"jun"}`)
-	ri.refresh(t)
+	ri.Put(t, w, "r6a", 0, `{"source_id":"s6","version":2,"updated_at":"2024-01-01T00:00:00Z","title":"jan"}`)
+	ri.Put(t, w, "r6b", 0, `{"source_id":"s6","version":2,"updated_at":"2024-06-01T00:00:00Z","title":"jun"}`)
+	ri.Refresh(t)
 }
 
 func TestRepair(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
-	setup := func(t *testing.T) (*testIndex, map[string]snapDoc, *Plan) {
-		ri := setupIndex(t, true)
+	setup := func(t *testing.T) (*tooltest.Family, map[string]tooltest.SnapDoc, *Plan) {
+		ri := tooltest.NewFamily(t, true)
 		seedDuplicates(t, ri)
-		before := ri.snapshot(t)
-		plan, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name, PageSize: 3})
+		before := ri.Snapshot(t)
+		plan, err := PlanDuplicates(ctx, ri.ES, Options{Index: ri.Name, PageSize: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +68,7 @@ func TestRepair(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Log("\n" + out.String())
-		if after := ri.snapshot(t); !reflect.DeepEqual(before, after) {
+		if after := ri.Snapshot(t); !reflect.DeepEqual(before, after) {
 			t.Fatalf("the dry run changed documents:\nbefore %v\nafter  %v", before, after)
 		}
 		keepers := map[string]string{}
@@ -73,8 +76,8 @@ func TestRepair(t *testing.T) {
 			keepers[g.Key] = g.Keeper.Index + "/" + g.Keeper.ID
 		}
 		want := map[string]string{
-			"s1": ri.write + "/r1b", "s2": ri.write + "/s2", "s3": ri.old + "/s3",
-			"s4": ri.write + "/s4", "s6": ri.write + "/r6b",
+			"s1": ri.Write + "/r1b", "s2": ri.Write + "/s2", "s3": ri.Old + "/s3",
+			"s4": ri.Write + "/s4", "s6": ri.Write + "/r6b",
 		}
 		if !reflect.DeepEqual(keepers, want) {
 			t.Fatalf("keepers %v, want %v", keepers, want)
@@ -99,10 +102,10 @@ func TestRepair(t *testing.T) {
 		}
 
 		// A writer changes r4 after the scan.
-		ri.put(t, ri.write, "r4", 0, `{"source_id":"s4","version":1,"title":"legacy, edited"}`)
-		modified := ri.snapshot(t)
+		ri.Put(t, ri.Write, "r4", 0, `{"source_id":"s4","version":1,"title":"legacy, edited"}`)
+		modified := ri.Snapshot(t)
 
-		res, err := plan.Apply(ctx, ri.es, ApplyOptions{BackupPath: backup, Audit: audit, Operator: "tester", Batch: 4})
+		res, err := plan.Apply(ctx, ri.ES, ApplyOptions{BackupPath: backup, Audit: audit, Operator: "tester", Batch: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,11 +120,11 @@ func TestRepair(t *testing.T) {
 			t.Fatalf("result %+v", res)
 		}
 
-		after := ri.snapshot(t)
-		w := ri.write
+		after := ri.Snapshot(t)
+		w := ri.Write
 		want := map[string]string{
 			w + "/s1": `{"source_id":"s1","version":3,"title":"v3"}`,
-			w + "/s2": tombstoneBody(),
+			w + "/s2": estest.Tombstone,
 			w + "/s3": `{"source_id":"s3","version":7,"title":"o7"}`,
 			w + "/s4": `{"title":"canonical"}`,
 			w + "/r4": `{"source_id":"s4","version":1,"title":"legacy, edited"}`,
@@ -140,7 +143,7 @@ func TestRepair(t *testing.T) {
 				t.Errorf("%s at _version %d, want %d", id, d.Version, v)
 			}
 		}
-		if vis := ri.visible(t); strings.Contains(strings.Join(vis, ","), "/s2") || strings.Contains(strings.Join(vis, ","), "r2") {
+		if vis := ri.Visible(t); strings.Contains(strings.Join(vis, ","), "/s2") || strings.Contains(strings.Join(vis, ","), "r2") {
 			t.Errorf("the deleted key is visible: %v", vis)
 		}
 
@@ -160,7 +163,7 @@ func TestRepair(t *testing.T) {
 			t.Errorf("audit actions %v", actions)
 		}
 
-		rres, err := Restore(ctx, ri.es, backup, RestoreOptions{Batch: 3})
+		rres, err := Restore(ctx, ri.ES, backup, RestoreOptions{Batch: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +171,7 @@ func TestRepair(t *testing.T) {
 		if len(rres.Skipped) != 0 || rres.Removed != 2 {
 			t.Fatalf("restore %+v", rres)
 		}
-		restored := ri.snapshot(t)
+		restored := ri.Snapshot(t)
 		if !reflect.DeepEqual(sourcesOf(restored), sourcesOf(modified)) {
 			t.Fatalf("restore did not bring back the original set:\n got %v\nwant %v", sourcesOf(restored), sourcesOf(modified))
 		}
@@ -184,35 +187,35 @@ func TestRepair(t *testing.T) {
 	t.Run("apply refuses to start when the backup cannot be written", func(t *testing.T) {
 		t.Parallel()
 		ri, before, plan := setup(t)
-		_, err := plan.Apply(ctx, ri.es, ApplyOptions{BackupPath: filepath.Join(t.TempDir(), "missing-dir", "b.ndjson")})
+		_, err := plan.Apply(ctx, ri.ES, ApplyOptions{BackupPath: filepath.Join(t.TempDir(), "missing-dir", "b.ndjson")})
 		if err == nil || !strings.Contains(err.Error(), "nothing was changed") {
 			t.Fatalf("err %v", err)
 		}
-		if after := ri.snapshot(t); !reflect.DeepEqual(before, after) {
+		if after := ri.Snapshot(t); !reflect.DeepEqual(before, after) {
 			t.Fatal("documents changed although the backup failed")
 		}
 	})
 
 	t.Run("canonical_url twins keep the newest and leave documents without a url alone", func(t *testing.T) {
 		t.Parallel()
-		ri := setupIndex(t, false)
-		w := ri.write
-		ri.put(t, w, "u1", 1, `{"canonical_url":"https://x/a","title":"first"}`)
-		ri.put(t, w, "u2", 2, `{"canonical_url":"https://x/a","title":"second"}`)
-		ri.put(t, w, "u3", 1, `{"canonical_url":"https://x/b"}`)
-		ri.put(t, w, "u4", 1, `{"title":"no url"}`)
-		ri.refresh(t)
-		plan, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name, Key: []string{"canonical_url"}})
+		ri := tooltest.NewFamily(t, false)
+		w := ri.Write
+		ri.Put(t, w, "u1", 1, `{"canonical_url":"https://x/a","title":"first"}`)
+		ri.Put(t, w, "u2", 2, `{"canonical_url":"https://x/a","title":"second"}`)
+		ri.Put(t, w, "u3", 1, `{"canonical_url":"https://x/b"}`)
+		ri.Put(t, w, "u4", 1, `{"title":"no url"}`)
+		ri.Refresh(t)
+		plan, err := PlanDuplicates(ctx, ri.ES, Options{Index: ri.Name, Key: []string{"canonical_url"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(plan.Groups) != 1 || plan.Groups[0].Keeper.ID != "u2" || len(plan.Groups[0].Remove) != 1 || plan.Groups[0].Rewrite || plan.Ungroupable != 1 {
 			t.Fatalf("plan %+v", plan)
 		}
-		if _, err := plan.Apply(ctx, ri.es, ApplyOptions{BackupPath: filepath.Join(t.TempDir(), "b.ndjson")}); err != nil {
+		if _, err := plan.Apply(ctx, ri.ES, ApplyOptions{BackupPath: filepath.Join(t.TempDir(), "b.ndjson")}); err != nil {
 			t.Fatal(err)
 		}
-		got := ri.visible(t)
+		got := ri.Visible(t)
 		if want := []string{w + "/u2", w + "/u3", w + "/u4"}; !reflect.DeepEqual(got, want) {
 			t.Fatalf("visible %v, want %v", got, want)
 		}
@@ -220,15 +223,15 @@ func TestRepair(t *testing.T) {
 
 	t.Run("a filtered alias is refused", func(t *testing.T) {
 		t.Parallel()
-		ri := setupIndex(t, false)
-		_, err := PlanDuplicates(ctx, ri.es, Options{Index: ri.name + "-read"})
+		ri := tooltest.NewFamily(t, false)
+		_, err := PlanDuplicates(ctx, ri.ES, Options{Index: ri.Name + "-read"})
 		if err == nil || !strings.Contains(err.Error(), "filtered alias") {
 			t.Fatalf("err %v", err)
 		}
 	})
 }
 
-func sourcesOf(s map[string]snapDoc) map[string]string {
+func sourcesOf(s map[string]tooltest.SnapDoc) map[string]string {
 	out := map[string]string{}
 	for k, d := range s {
 		out[k] = d.Source

@@ -3,6 +3,8 @@ package scan
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/outboxd/outboxd/internal/estest"
 )
 
 func TestRepairKeyOf(t *testing.T) {
@@ -35,7 +37,7 @@ func TestRepairKeyOf(t *testing.T) {
 		}
 	})
 	t.Run("a tombstone is recognized", func(t *testing.T) {
-		_, d, _, _ := Key(hit("s", tombstoneBody()), []string{"source_id"}, "version", "")
+		_, d, _, _ := Key(hit("s", estest.Tombstone), []string{"source_id"}, "version", "")
 		if !d.Tombstone {
 			t.Fatal("not a tombstone")
 		}

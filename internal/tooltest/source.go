@@ -1,4 +1,4 @@
-package rebuild
+package tooltest
 
 import (
 	"context"
@@ -17,35 +17,37 @@ import (
 	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
-	"github.com/elastic/go-elasticsearch/v8/esapi"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxd/outboxd/backfill"
 	"github.com/outboxd/outboxd/indexer"
+	"github.com/outboxd/outboxd/internal/estest"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
-// backfillEnv is a source table in a fresh outbox schema and an index.
-type backfillEnv struct {
-	es     *elasticsearch.Client
-	name   string
-	pool   *pgxpool.Pool
-	schema string
-	table  string
+// Source is a source table in a fresh outbox schema, and an index of its
+// rows: the fixture of the tests of backfill and rebuild.
+type Source struct {
+	ES     *elasticsearch.Client
+	Name   string // the index name N
+	Pool   *pgxpool.Pool
+	Schema string
+	Table  string // quoted, schema-qualified: id text, version bigint, title text
 }
 
-func setupBackfill(t *testing.T, rows int) *backfillEnv {
+// NewSource creates the table with rows rows, ids a0000001 on, at
+// version 1; the index is not created.
+func NewSource(t *testing.T, rows int) *Source {
 	t.Helper()
-	es, name := backfillIndex(t)
+	es, name := Index(t, "backfill-")
 	pool, schemaName := schematest.Setup(t)
-	e := &backfillEnv{es: es, name: name, pool: pool, schema: schemaName, table: `"` + schemaName + `".articles`}
+	e := &Source{ES: es, Name: name, Pool: pool, Schema: schemaName, Table: `"` + schemaName + `".articles`}
 	for _, q := range []string{
-		`CREATE TABLE ` + e.table + ` (id text PRIMARY KEY, version bigint NOT NULL, title text NOT NULL)`,
-		`INSERT INTO ` + e.table + ` SELECT 'a' || lpad(i::text, 7, '0'), 1, 'title ' || i FROM generate_series(1, ` + fmt.Sprint(rows) + `) i`,
+		`CREATE TABLE ` + e.Table + ` (id text PRIMARY KEY, version bigint NOT NULL, title text NOT NULL)`,
+		`INSERT INTO ` + e.Table + ` SELECT 'a' || lpad(i::text, 7, '0'), 1, 'title ' || i FROM generate_series(1, ` + fmt.Sprint(rows) + `) i`,
 	} {
 		if _, err := pool.Exec(context.Background(), q); err != nil {
 			t.Fatal(err)
@@ -54,40 +56,21 @@ func setupBackfill(t *testing.T, rows int) *backfillEnv {
 	return e
 }
 
-func backfillIndex(t *testing.T) (*elasticsearch.Client, string) {
-	t.Helper()
-	es, err := indexer.NewClient(indexer.ClientConfig{Addresses: []string{schematest.ElasticsearchURL(t)}, Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := schematest.Name("backfill-")
-	t.Cleanup(func() {
-		res, err := esapi.IndicesDeleteRequest{Index: []string{name + "-0*"}}.Do(context.Background(), es)
-		if err == nil {
-			res.Body.Close()
-		}
-	})
-	return es, name
+// DocSQL is the document of a row, the same for backfill and live events.
+const DocSQL = `json_build_object('id', id, 'version', version, 'title', title)`
+
+// SQL is the source query of the table.
+func (e *Source) SQL() string {
+	return `SELECT id, version, ` + DocSQL + ` FROM ` + e.Table
 }
 
-// docSQL is the document of a row, the same for backfill and live events.
-const docSQL = `json_build_object('id', id, 'version', version, 'title', title)`
-
-func (e *backfillEnv) sourceSQL() string {
-	return `SELECT id, version, ` + docSQL + ` FROM ` + e.table
-}
-
-func (e *backfillEnv) opts(sink *indexer.Sink) backfill.Options {
-	return backfill.Options{Pool: e.pool, Schema: e.schema, Sink: sink, Index: e.name, SourceSQL: e.sourceSQL(), Batch: 2000}
-}
-
-// assertProjection compares the index with the table: every row visible
+// AssertProjection compares the index with the table: every row visible
 // through the name at its version and title, nothing else visible.
-func (e *backfillEnv) assertProjection(t *testing.T) {
+func (e *Source) AssertProjection(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
 	want := map[string]string{}
-	rows, err := e.pool.Query(ctx, `SELECT id, version, title FROM `+e.table)
+	rows, err := e.Pool.Query(ctx, `SELECT id, version, title FROM `+e.Table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,9 +85,9 @@ func (e *backfillEnv) assertProjection(t *testing.T) {
 	if rows.Err() != nil {
 		t.Fatal(rows.Err())
 	}
-	refresh(t, e.es, e.name)
+	estest.Refresh(t, e.ES, e.Name)
 	got := map[string]string{}
-	st, b := esCall(t, e.es, "POST", "/"+e.name+"/_search?scroll=1m", `{"size":10000,"version":true,"_source":["title"],"sort":["_doc"]}`)
+	st, b := estest.Call(t, e.ES, "POST", "/"+e.Name+"/_search?scroll=1m", `{"size":10000,"version":true,"_source":["title"],"sort":["_doc"]}`)
 	for {
 		var page struct {
 			ScrollID string `json:"_scroll_id"`
@@ -119,7 +102,7 @@ func (e *backfillEnv) assertProjection(t *testing.T) {
 			} `json:"hits"`
 		}
 		if st != 200 || json.Unmarshal(b, &page) != nil {
-			t.Fatalf("scan %s: %d %s", e.name, st, b)
+			t.Fatalf("scan %s: %d %s", e.Name, st, b)
 		}
 		if len(page.Hits.Hits) == 0 {
 			break
@@ -127,7 +110,7 @@ func (e *backfillEnv) assertProjection(t *testing.T) {
 		for _, h := range page.Hits.Hits {
 			got[h.ID] = fmt.Sprintf("%d %s", h.Version, h.Source.Title)
 		}
-		st, b = esCall(t, e.es, "POST", "/_search/scroll", `{"scroll":"1m","scroll_id":"`+page.ScrollID+`"}`)
+		st, b = estest.Call(t, e.ES, "POST", "/_search/scroll", `{"scroll":"1m","scroll_id":"`+page.ScrollID+`"}`)
 	}
 	var missing, wrong, extra int
 	for id, w := range want {
@@ -151,27 +134,28 @@ func (e *backfillEnv) assertProjection(t *testing.T) {
 	}
 }
 
-// writers update and delete random rows of a backfillEnv's table, each
+// Writers update and delete random rows of a Source's table, each
 // change with its outbox event in one transaction, as an application
 // would.
-type writers struct {
+type Writers struct {
 	done             chan struct{}
 	once             sync.Once
 	wg               sync.WaitGroup
 	updates, deletes atomic.Int64
 }
 
-func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
+// StartWriters starts n writers over the table's first rows rows.
+func (e *Source) StartWriters(t *testing.T, n, rows int) *Writers {
 	t.Helper()
 	ctx := context.Background()
-	ob, err := outbox.NewOutbox(e.schema)
+	ob, err := outbox.NewOutbox(e.Schema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wr := &writers{done: make(chan struct{})}
+	wr := &Writers{done: make(chan struct{})}
 	// Before the schema is dropped (an earlier cleanup, run later): a
 	// writer left running would fail on the dropped tables.
-	t.Cleanup(wr.halt)
+	t.Cleanup(wr.Halt)
 	for w := range n {
 		wr.wg.Add(1)
 		go func() {
@@ -184,11 +168,11 @@ func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
 				default:
 				}
 				id := fmt.Sprintf("a%07d", 1+rnd.IntN(rows))
-				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+				err := pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 					var v int64
 					var doc []byte
 					if rnd.IntN(5) == 0 {
-						err := tx.QueryRow(ctx, `DELETE FROM `+e.table+` WHERE id = $1 RETURNING version`, id).Scan(&v)
+						err := tx.QueryRow(ctx, `DELETE FROM `+e.Table+` WHERE id = $1 RETURNING version`, id).Scan(&v)
 						if errors.Is(err, pgx.ErrNoRows) {
 							return nil
 						}
@@ -196,10 +180,10 @@ func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
 							return err
 						}
 						wr.deletes.Add(1)
-						_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.name, SourceID: id, Version: v + 1, Op: outbox.OpDelete})
+						_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.Name, SourceID: id, Version: v + 1, Op: outbox.OpDelete})
 						return err
 					}
-					err := tx.QueryRow(ctx, `UPDATE `+e.table+` SET version = version + 1, title = 'edited ' || (version + 1) WHERE id = $1 RETURNING version, `+docSQL, id).Scan(&v, &doc)
+					err := tx.QueryRow(ctx, `UPDATE `+e.Table+` SET version = version + 1, title = 'edited ' || (version + 1) WHERE id = $1 RETURNING version, `+DocSQL, id).Scan(&v, &doc)
 					if errors.Is(err, pgx.ErrNoRows) {
 						return nil
 					}
@@ -207,7 +191,7 @@ func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
 						return err
 					}
 					wr.updates.Add(1)
-					_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.name, SourceID: id, Version: v, Op: outbox.OpUpsert, Document: doc})
+					_, err = ob.Append(ctx, tx, outbox.Event{IndexName: e.Name, SourceID: id, Version: v, Op: outbox.OpUpsert, Document: doc})
 					return err
 				})
 				if err != nil {
@@ -221,26 +205,26 @@ func (e *backfillEnv) startWriters(t *testing.T, n, rows int) *writers {
 	return wr
 }
 
-// halt ends the writers and waits for them; again is a no-op.
-func (wr *writers) halt() {
+// Halt ends the writers and waits for them; again is a no-op.
+func (wr *Writers) Halt() {
 	wr.once.Do(func() { close(wr.done) })
 	wr.wg.Wait()
 }
 
-// stop ends the writers and fails the test if they changed nothing.
-func (wr *writers) stop(t *testing.T) (updates, deletes int64) {
+// Stop ends the writers and fails the test if they changed nothing.
+func (wr *Writers) Stop(t *testing.T) (updates, deletes int64) {
 	t.Helper()
-	wr.halt()
+	wr.Halt()
 	if wr.updates.Load() == 0 || wr.deletes.Load() == 0 {
 		t.Fatal("the writers changed nothing")
 	}
 	return wr.updates.Load(), wr.deletes.Load()
 }
 
-// startRelay runs a relay in this process until the returned stop.
-func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
+// StartRelay runs a relay in this process until the returned stop.
+func (e *Source) StartRelay(t *testing.T) (stop func()) {
 	t.Helper()
-	// The streams `outboxd relay` runs (startRelayProcess): a relay may take
+	// The streams `outboxd relay` runs (StartRelayProcess): a relay may take
 	// over a stream only with the filters it was started with.
 	streams, err := relay.Partitions("default", 1)
 	if err != nil {
@@ -248,7 +232,7 @@ func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
 	}
 	streams[0].Exclude = []string{outbox.MessagePrefix + "*"}
 	r, err := relay.New(relay.Config{
-		Pool: e.pool, Schema: e.schema, Sink: newSink(t, indexer.Options{Client: e.es}), Streams: streams,
+		Pool: e.Pool, Schema: e.Schema, Sink: NewSink(t, indexer.Options{Client: e.ES}), Streams: streams,
 		BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
 		Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -271,9 +255,9 @@ func (e *backfillEnv) startRelay(t *testing.T) (stop func()) {
 	return stop
 }
 
-// startRelayProcess runs `outboxd relay` as a child process; kill
+// StartRelayProcess runs `outboxd relay` as a child process; kill
 // SIGKILLs it.
-func (e *backfillEnv) startRelayProcess(t *testing.T) (kill func()) {
+func (e *Source) StartRelayProcess(t *testing.T) (kill func()) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "outboxd")
@@ -284,7 +268,7 @@ func (e *backfillEnv) startRelayProcess(t *testing.T) (kill func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", e.schema,
+	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", e.Schema,
 		"--elasticsearch-url", schematest.ElasticsearchURL(t), "--admin-addr", "", "--lease-interval", "100ms",
 		"--retention-schedule", "", "--tombstone-purge-schedule", "")
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -303,13 +287,13 @@ func (e *backfillEnv) startRelayProcess(t *testing.T) (kill func()) {
 	return kill
 }
 
-// waitBacklog waits until the relay acknowledged every event.
-func (e *backfillEnv) waitBacklog(t *testing.T) {
+// WaitBacklog waits until the relay acknowledged every event.
+func (e *Source) WaitBacklog(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		st, err := relay.CollectStats(ctx, e.pool, e.schema)
+		st, err := relay.CollectStats(ctx, e.Pool, e.Schema)
 		if err != nil {
 			t.Fatal(err)
 		}
