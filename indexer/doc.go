@@ -38,7 +38,7 @@
 // earlier releases (N the unfiltered write alias) in place with one atomic
 // _aliases request, and refuses, changing nothing, an N that is a concrete
 // index, an alias over several indices (versions are only compared within
-// one index, so rollover is not supported; Rebuild moves all three names
+// one index, so rollover is not supported; a rebuild moves all three names
 // at once instead), an alias of the layout
 // pointing at another index, or an N-read with another filter.
 //
@@ -125,7 +125,7 @@
 //
 // # Rebuild
 //
-// Rebuild moves a name to new mappings or settings: it creates the next
+// Package rebuild moves a name to new mappings or settings: it creates the next
 // concrete index (N-000002 after N-000001), copies the current one into it
 // (or the rows of a query plus the current index's tombstones) at each
 // document's own version with external_gte, catches up by _seq_no above
@@ -133,13 +133,16 @@
 // N-write and N-read in one _aliases request whose remove of N-write must
 // find it on the old index. Versions make the order of copies and live
 // writes irrelevant. Writes that reached the old index just before the
-// swap are copied by a final catch-up and again before DropOldIndex
+// swap are copied by a final catch-up and again before rebuild.DropOld
 // deletes it. The state is a row of <schema>.rebuilds; a rebuild killed
 // at any point continues when run again, and N always points at a
 // complete index.
 //
-// # Repair and reconcile
+// # Operator tools
 //
-// The operator tools (duplicate repair, backup and restore, audit log,
-// progress reporting, reconcile) live in package indexer/repair.
+// The operator tools are packages of their own, one per tool, beside this
+// one: repair (duplicate repair, backup, restore, audit log), rebuild,
+// backfill and reconcile, with what they share under internal/ (scan,
+// progress, source). They use the sink's client, bulk item type, version
+// gate and version-conflict parser; the sink never depends on them.
 package indexer

@@ -23,11 +23,8 @@ import (
 // The state is stored in <schema>.rebuilds; killed at any point, a rerun
 // with the same options continues (an interrupted copy starts over into the
 // same new index, an interrupted catch-up continues from its checkpoints)
-// and N always points at a complete index.
-//
-// Run reads as its phases: plan (plan.go: continue the name's unfinished
-// rebuild or begin the next one), copy (copy.go), catch up (catchup.go),
-// swap (swap.go) and finish (finish.go); store.go keeps the state.
+// and N always points at a complete index. The package doc lists the
+// phases, one file each.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err

@@ -23,7 +23,7 @@ import (
 // reports the peak RSS of plan + apply (VmHWM, reset before the plan) and
 // the time of each step. Run:
 //
-//	go test ./indexer/ -run '^$' -bench Repair200k -benchtime 1x
+//	go test ./repair/ -run '^$' -bench Repair200k -benchtime 1x
 func BenchmarkRepair200k(b *testing.B) {
 	total := 200_000
 	if s := os.Getenv("OUTBOXD_BENCH_DOCS"); s != "" {

@@ -1,3 +1,7 @@
+// Package progress reports the count and rate of an operator tool's long
+// task (a scan, a repair, a backfill, a rebuild) as a bar on a terminal or
+// as slog lines otherwise. The tools take a *Bar in their options; nil is
+// silence, so library callers pass nothing.
 package progress
 
 import (

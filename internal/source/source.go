@@ -1,3 +1,7 @@
+// Package source reads the rows of a source query (id, version, document
+// and optionally deleted) as events, in the id's own order through a
+// server-side cursor, in a read-only snapshot: what backfill streams to
+// the sink and rebuild --from source copies into the new index.
 package source
 
 import (
@@ -28,7 +32,8 @@ type Query struct {
 	SourceTimeout time.Duration // statement timeout of each FETCH
 }
 
-// Reject is one row, or document, a tool could not write, and why.
+// Reject is one row or document a tool could not write, and why: refused
+// by the sink or Elasticsearch, or failed past its attempts.
 type Reject struct {
 	ID     string `json:"id"`
 	Reason string `json:"reason"`
