@@ -48,7 +48,7 @@ test: ## Full suite (race detector) against real servers; starts them first
 		echo "DATABASE_URL points at your own server: skipping the tests that restart the servers"; \
 	else eval "$$(scripts/services env)" && go test -race -count=1 -p 1 -timeout 20m -tags restart -run TestRestart ./indexer/ ./relay/ ./cmd/outboxd/... ./examples/...; fi
 
-test-compat: ## indexer, repair and command tests on OpenSearch 2 and 3, Elasticsearch 9 and 8.0 (one server at a time)
+test-compat: ## sink, operator-tool and command tests on OpenSearch 2 and 3, Elasticsearch 9 and 8.0 (one server at a time; scripts/test-compat lists the packages)
 	scripts/test-compat $(COMPAT_TARGETS)
 
 # The distributed setups: a 3-node Elasticsearch cluster (its own state and

@@ -502,12 +502,11 @@ func MigrateLayout(ctx context.Context, es *elasticsearch.Client, name string) (
 	return changed, fmt.Errorf("indexer: migrate %q: the indices kept changing; try again", name)
 }
 
-// CheckName is checkName for the operator tools in indexer/repair: a
-// backfill refuses an index name before it reads a row.
+// CheckName is checkName for the operator tools (packages repair,
+// rebuild, backfill, reconcile): a backfill refuses an index name before it reads a row.
 func CheckName(name string) error { return checkName(name) }
 
-// WriteTarget is writeTarget for the operator tools in indexer/repair,
-// which resolve the name an operator gives to the index behind it.
+// WriteTarget is writeTarget for the operator tools, which resolve the name an operator gives to the index behind it.
 func WriteTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
 	return writeTarget(ctx, es, name)
 }

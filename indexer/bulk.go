@@ -108,7 +108,7 @@ type bulkResponse struct {
 }
 
 // BulkItem is one item of a _bulk answer, for the sink and for the
-// operator tools in indexer/repair alike.
+// operator tools (package repair) alike.
 type BulkItem struct {
 	Status      int      `json:"status"`
 	Version     int64    `json:"_version"`

@@ -38,7 +38,7 @@
 // earlier releases (N the unfiltered write alias) in place with one atomic
 // _aliases request, and refuses, changing nothing, an N that is a concrete
 // index, an alias over several indices (versions are only compared within
-// one index, so rollover is not supported; Rebuild moves all three names
+// one index, so rollover is not supported; a rebuild moves all three names
 // at once instead), an alias of the layout
 // pointing at another index, or an N-read with another filter.
 //
@@ -105,9 +105,27 @@
 // which is the back-pressure the relay needs. Write is safe to call
 // concurrently (the relay keeps several pages in flight).
 //
+// # Documents PostgreSQL validated
+//
+// A document must be a JSON object on one line. Parsing it again is most
+// of the sink's own CPU for documents of a kilobyte, and it is wasted on a
+// document PostgreSQL produced from a json or jsonb value. Options.JSONB
+// is the one switch that says so, for every document the sink will see:
+// the relay's all come from outbox.events.document (jsonb), and a
+// backfill's from one query's document column, whose type
+// backfill.ValidJSON reads before the sink is built. A per-call variant
+// of Write (as backfill once used) would be a second protocol beside the
+// relay.Sink interface, invisible to the relay, which calls only Write;
+// whoever builds a sink knows where its documents come from, once.
+// The sink still requires an object, refuses reserved fields and folds a
+// document with newlines onto one line. A sink built with JSONB for
+// documents of a text column does not stall on one that is not JSON:
+// Elasticsearch refuses it as a document it cannot parse (one with a
+// newline arrives empty), and that event alone is Rejected.
+//
 // # Rebuild
 //
-// Rebuild moves a name to new mappings or settings: it creates the next
+// Package rebuild moves a name to new mappings or settings: it creates the next
 // concrete index (N-000002 after N-000001), copies the current one into it
 // (or the rows of a query plus the current index's tombstones) at each
 // document's own version with external_gte, catches up by _seq_no above
@@ -115,13 +133,16 @@
 // N-write and N-read in one _aliases request whose remove of N-write must
 // find it on the old index. Versions make the order of copies and live
 // writes irrelevant. Writes that reached the old index just before the
-// swap are copied by a final catch-up and again before DropOldIndex
+// swap are copied by a final catch-up and again before rebuild.DropOld
 // deletes it. The state is a row of <schema>.rebuilds; a rebuild killed
 // at any point continues when run again, and N always points at a
 // complete index.
 //
-// # Repair and reconcile
+// # Operator tools
 //
-// The operator tools (duplicate repair, backup and restore, audit log,
-// progress reporting, reconcile) live in package indexer/repair.
+// The operator tools are packages of their own, one per tool, beside this
+// one: repair (duplicate repair, backup, restore, audit log), rebuild,
+// backfill and reconcile, with what they share under internal/ (scan,
+// progress, source). They use the sink's client, bulk item type, version
+// gate and version-conflict parser; the sink never depends on them.
 package indexer

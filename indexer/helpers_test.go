@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +11,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/elastic/go-elasticsearch/v8/esapi"
 
+	"github.com/outboxd/outboxd/internal/estest"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -88,28 +87,6 @@ func newSink(t testing.TB, o Options) *Sink {
 	return s
 }
 
-func upsert(index, id string, version int64, doc string) outbox.Event {
-	return outbox.Event{IndexName: index, SourceID: id, Version: version, Op: outbox.OpUpsert, Document: json.RawMessage(doc)}
-}
-
-func del(index, id string, version int64) outbox.Event {
-	return outbox.Event{IndexName: index, SourceID: id, Version: version, Op: outbox.OpDelete}
-}
-
-func mustWrite(t testing.TB, s *Sink, events ...outbox.Event) []outbox.Outcome {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := s.Write(ctx, events)
-	if err != nil {
-		t.Fatalf("Write: %v", err)
-	}
-	if len(out) != len(events) {
-		t.Fatalf("Write: %d outcomes for %d events", len(out), len(events))
-	}
-	return out
-}
-
 func statuses(out []outbox.Outcome) string {
 	var b strings.Builder
 	for i, o := range out {
@@ -121,86 +98,19 @@ func statuses(out []outbox.Outcome) string {
 	return b.String()
 }
 
-func esCall(t testing.TB, es *elasticsearch.Client, method, path, body string) (int, []byte) {
-	t.Helper()
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, _ := http.NewRequest(method, path, rd)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	res, err := es.Perform(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, b
-}
+// The helpers every package's tests share, from internal/estest, under
+// the names this package's tests have always called them by.
+var (
+	upsert      = estest.Upsert
+	del         = estest.Delete
+	mustWrite   = estest.MustWrite
+	esCall      = estest.Call
+	refresh     = estest.Refresh
+	searchRead  = estest.SearchRead
+	getDoc      = estest.Get
+	isTombstone = estest.IsTombstone
+)
 
-func refresh(t testing.TB, es *elasticsearch.Client, name string) {
-	t.Helper()
-	if st, b := esCall(t, es, "POST", "/"+name+"/_refresh", ""); st != 200 {
-		t.Fatalf("refresh: %d %s", st, b)
-	}
-}
-
-// searchRead returns every document visible through the name N itself,
-// the view applications search.
-func searchRead(t testing.TB, es *elasticsearch.Client, name string) map[string]json.RawMessage {
-	t.Helper()
-	refresh(t, es, name)
-	st, b := esCall(t, es, "POST", "/"+name+"/_search", `{"size":10000,"query":{"match_all":{}}}`)
-	if st != 200 {
-		t.Fatalf("search: %d %s", st, b)
-	}
-	var r struct {
-		Hits struct {
-			Hits []struct {
-				ID     string          `json:"_id"`
-				Source json.RawMessage `json:"_source"`
-			} `json:"hits"`
-		} `json:"hits"`
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatal(err)
-	}
-	out := make(map[string]json.RawMessage)
-	for _, h := range r.Hits.Hits {
-		if _, dup := out[h.ID]; dup {
-			t.Fatalf("id %s appears twice", h.ID)
-		}
-		out[h.ID] = h.Source
-	}
-	return out
-}
-
-type gotDoc struct {
-	Found   bool            `json:"found"`
-	Version int64           `json:"_version"`
-	Source  json.RawMessage `json:"_source"`
-}
-
-func getDoc(t testing.TB, es *elasticsearch.Client, name, id string) gotDoc {
-	t.Helper()
-	st, b := esCall(t, es, "GET", "/"+name+"/_doc/"+id, "")
-	if st != 200 && st != 404 {
-		t.Fatalf("get %s: %d %s", id, st, b)
-	}
-	var d gotDoc
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-func isTombstone(src json.RawMessage) bool {
-	var t struct {
-		Deleted bool `json:"outboxd_deleted"`
-	}
-	return json.Unmarshal(src, &t) == nil && t.Deleted
-}
+type gotDoc = estest.Doc
 
 func docN(v int64) string { return fmt.Sprintf(`{"title":"v%d","n":%d}`, v, v) }

@@ -72,7 +72,8 @@ func perform(ctx context.Context, es esapi.Transport, op string, req esapi.Reque
 	return body, nil
 }
 
-// Perform is perform for the operator tools in indexer/repair.
+// Perform is perform for the operator tools (packages repair, rebuild,
+// backfill, reconcile).
 func Perform(ctx context.Context, es esapi.Transport, op string, req esapi.Request) ([]byte, error) {
 	return perform(ctx, es, op, req)
 }

@@ -29,9 +29,13 @@ type Options struct {
 	Registerer    prometheus.Registerer // optional; outboxd_bulk_request_seconds{result}
 	Logger        *slog.Logger
 
-	// JSONB says every document is PostgreSQL jsonb text, as the relay
-	// reads them from the outbox: valid JSON on one line, which the sink
-	// then does not parse again (it still checks for an object).
+	// JSONB says every document PostgreSQL produced from a json or jsonb
+	// value, so it is valid JSON, and the sink does not parse it again (it
+	// still checks for an object and reserved fields, and folds one with
+	// newlines onto a line). The
+	// relay's documents come from outbox.events (jsonb); a backfill's from
+	// its query's document column (see backfill.ValidJSON). It is the one
+	// such switch: see "Documents PostgreSQL validated" in the package doc.
 	JSONB bool
 
 	// Rebuilt, when set, names the concrete index a recorded rebuild left
@@ -129,7 +133,6 @@ type write struct {
 	out           []outbox.Outcome
 	deletedAt     string
 	sourceOnError bool // the server takes include_source_on_error
-	validJSON     bool // the documents come from a json or jsonb column
 
 	probeMu sync.Mutex
 	probed  probeResult
@@ -160,19 +163,6 @@ func (w *write) unreachable(err error) {
 // outcomes, when no request reached Elasticsearch, and a *ConfigError when
 // Elasticsearch refuses the sink's requests whatever they carry.
 func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
-	return s.write(ctx, events, false)
-}
-
-// WriteValidJSON is Write for events whose documents PostgreSQL has
-// already validated as JSON (read from a json or jsonb column): it does not
-// parse each document again, which is most of the sink's own CPU for
-// documents of a kilobyte. Every other check stays, and a document must
-// still be an object.
-func (s *Sink) WriteValidJSON(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
-	return s.write(ctx, events, true)
-}
-
-func (s *Sink) write(ctx context.Context, events []outbox.Event, validJSON bool) ([]outbox.Outcome, error) {
 	v, err := s.version(ctx)
 	if err != nil {
 		return nil, err
@@ -182,7 +172,6 @@ func (s *Sink) write(ctx context.Context, events []outbox.Event, validJSON bool)
 		out:           make([]outbox.Outcome, len(events)),
 		deletedAt:     s.now().UTC().Format("2006-01-02T15:04:05.000Z"),
 		sourceOnError: v.sourceOnErrorParam(),
-		validJSON:     validJSON,
 	}
 	pending := s.admit(ctx, w)
 	for len(pending) > 0 {
@@ -232,7 +221,7 @@ func (s *Sink) admit(ctx context.Context, w *write) []int {
 	var failed map[string]outbox.Outcome
 	for i := range w.events {
 		e := &w.events[i]
-		if reason := checkEvent(e, s.jsonb || w.validJSON); reason != "" {
+		if reason := checkEvent(e, s.jsonb); reason != "" {
 			w.out[i] = outbox.Outcome{Status: outbox.Rejected, Reason: reason}
 			continue
 		}

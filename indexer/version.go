@@ -214,7 +214,7 @@ func serverOf(ctx context.Context, es *elasticsearch.Client) (serverVersion, err
 }
 
 // Server describes es's cluster, e.g. "OpenSearch 2.19.6", and reports
-// whether it is OpenSearch, for the operator tools (indexer/repair) and
+// whether it is OpenSearch, for the operator tools (repair, rebuild, backfill, reconcile) and
 // the commands' logs.
 func Server(ctx context.Context, es *elasticsearch.Client) (name string, openSearch bool, err error) {
 	v, err := serverOf(ctx, es)

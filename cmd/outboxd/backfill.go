@@ -10,8 +10,10 @@ import (
 
 	"github.com/elastic/go-elasticsearch/v8"
 
+	"github.com/outboxd/outboxd/backfill"
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/internal/progress"
+	"github.com/outboxd/outboxd/rebuild"
 )
 
 func init() {
@@ -84,12 +86,18 @@ Flags:
 	if err != nil {
 		return err
 	}
-	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, Rebuilt: repair.RebuiltIndex(pool, db.schema)})
+	// A json or jsonb document column was validated by PostgreSQL: the
+	// sink need not parse every document again.
+	validJSON, err := backfill.ValidJSON(ctx, pool, *sourceSQL)
 	if err != nil {
 		return err
 	}
-	prog := repair.NewProgress("backfill "+*index, 0, repair.ProgressOptions{})
-	rep, err := repair.Backfill(ctx, repair.BackfillOptions{
+	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, JSONB: validJSON, Rebuilt: rebuild.Home(pool, db.schema)})
+	if err != nil {
+		return err
+	}
+	prog := progress.New("backfill "+*index, 0, progress.Options{})
+	rep, err := backfill.Run(ctx, backfill.Options{
 		Pool: pool, Schema: db.schema, Sink: sink, Index: *index, SourceSQL: *sourceSQL, Restart: *restart,
 		Batch: *batch, BatchBytes: *batchBytes, InFlight: *inFlight, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Progress: prog,
 	})

@@ -11,7 +11,8 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/internal/progress"
+	"github.com/outboxd/outboxd/rebuild"
 )
 
 func init() {
@@ -87,27 +88,27 @@ Flags:
 	defer pool.Close()
 	switch {
 	case *abort:
-		gone, err := repair.AbortRebuild(ctx, pool, db.schema, client, *index)
+		gone, err := rebuild.Abort(ctx, pool, db.schema, client, *index)
 		if err != nil {
 			return err
 		}
 		fmt.Printf("aborted: deleted %s; %s unchanged\n", gone, *index)
 		return nil
 	case *forget:
-		if err := repair.ForgetRebuild(ctx, pool, db.schema, client, *index); err != nil {
+		if err := rebuild.Forget(ctx, pool, db.schema, client, *index); err != nil {
 			return err
 		}
 		fmt.Printf("forgot the rebuild record of %s; the relay will create %s empty on its next event\n", *index, indexer.FirstIndex(*index))
 		return nil
 	case *dropOld:
-		dropped, err := repair.DropOldIndex(ctx, pool, db.schema, client, *index)
+		dropped, err := rebuild.DropOld(ctx, pool, db.schema, client, *index)
 		if err != nil {
 			return err
 		}
 		fmt.Printf("dropped %v\n", dropped)
 		return nil
 	}
-	o := repair.RebuildOptions{
+	o := rebuild.Options{
 		Pool: pool, Schema: db.schema, ES: client, Index: *index, From: *from, SourceSQL: *sourceSQL,
 		AcceptRejected: *acceptRejected, Keep: *keep, SwapDelta: *swapDelta, Grace: *grace,
 		Batch: *batch, Workers: *workers, SourceTimeout: *sourceTimeout, OutageTimeout: *outage, Logger: slog.Default(),
@@ -128,10 +129,10 @@ Flags:
 		}
 		*f.dst = b
 	}
-	o.Progress = repair.NewProgress("rebuild "+*index, 0, repair.ProgressOptions{})
-	rep, err := repair.Rebuild(ctx, o)
+	o.Progress = progress.New("rebuild "+*index, 0, progress.Options{})
+	rep, err := rebuild.Run(ctx, o)
 	o.Progress.Finish()
-	var rejected *repair.RejectedError
+	var rejected *rebuild.RejectedError
 	if err != nil && !errors.As(err, &rejected) {
 		return err
 	}

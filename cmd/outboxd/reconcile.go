@@ -9,7 +9,8 @@ import (
 	"os"
 	"sort"
 
-	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/internal/progress"
+	"github.com/outboxd/outboxd/reconcile"
 )
 
 func init() {
@@ -22,7 +23,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	es := addESFlags(fs)
 	index := fs.String("index", "", "write alias N (the events' index_name); every index behind it is scanned (required)")
 	sourceSQL := fs.String("source-sql", "", "query returning source_id, version, document[, deleted]; a NULL document or deleted=true means deleted in the source (required)")
-	sourceTimeout := fs.Duration("source-timeout", repair.DefaultSourceTimeout, "statement timeout of --source-sql, which runs in a READ ONLY transaction")
+	sourceTimeout := fs.Duration("source-timeout", reconcile.DefaultSourceTimeout, "statement timeout of --source-sql, which runs in a READ ONLY transaction")
 	versionField := fs.String("version-field", "", "legacy indexes only: the document field holding the version (default: _version, which outboxd sets to the event's version)")
 	apply := fs.Bool("apply", false, "append fix events to the outbox (default: report only)")
 	sample := fs.Int("sample", 10, "samples printed per kind of drift")
@@ -81,8 +82,8 @@ Flags:
 		return err
 	}
 	defer pool.Close()
-	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{Logger: slog.Default()})
-	rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
+	prog := progress.New("scan "+*index, 0, progress.Options{Logger: slog.Default()})
+	rep, err := reconcile.Run(ctx, reconcile.Options{
 		ES: client, DB: pool, Schema: db.schema, Index: *index, SourceSQL: *sourceSQL,
 		SourceTimeout: *sourceTimeout, VersionField: *versionField, Apply: *apply, Sample: max(*sample, 1), Operator: *operator, Progress: prog,
 	})
@@ -97,7 +98,7 @@ Flags:
 	} else {
 		reconcilePrint(rep, *sample)
 	}
-	remaining := rep.NeedsRepair + rep.Counts[repair.DriftDuplicate]
+	remaining := rep.NeedsRepair + rep.Counts[reconcile.DriftDuplicate]
 	if !rep.Applied {
 		remaining += rep.Events
 	}
@@ -107,9 +108,9 @@ Flags:
 	return nil
 }
 
-func reconcilePrint(rep *repair.ReconcileReport, sample int) {
+func reconcilePrint(rep *reconcile.Report, sample int) {
 	fmt.Printf("index %s: %d documents (%d source_ids); source: %d rows\n", rep.Index, rep.IndexDocs, rep.IndexKeys, rep.SourceRows)
-	kinds := []string{repair.DriftMissing, repair.DriftStale, repair.DriftExtra, repair.DriftResurrected, repair.DriftDuplicate, repair.DriftAhead}
+	kinds := []string{reconcile.DriftMissing, reconcile.DriftStale, reconcile.DriftExtra, reconcile.DriftResurrected, reconcile.DriftDuplicate, reconcile.DriftAhead}
 	for _, k := range kinds {
 		fmt.Printf("  %-12s %d\n", k, rep.Counts[k])
 	}

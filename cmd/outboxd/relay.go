@@ -20,8 +20,9 @@ import (
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
 	"github.com/outboxd/outboxd/indexer"
-	"github.com/outboxd/outboxd/indexer/repair"
 	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/rebuild"
+	"github.com/outboxd/outboxd/reconcile"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema"
 	"github.com/outboxd/outboxd/webhook"
@@ -254,7 +255,7 @@ func newRelayFlagSet(name, usage string) (*flag.FlagSet, *dbFlags, *esFlags, *re
 	fs.StringVar(&f.reconcileIndex, "reconcile-index", "", "index name the scheduled reconcile checks")
 	fs.StringVar(&f.reconcileSQL, "reconcile-sql", "", "SQL returning source_id, version, document for the scheduled reconcile")
 	fs.BoolVar(&f.reconcileApply, "reconcile-apply", false, "let the scheduled reconcile append fix events (default: report only)")
-	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", repair.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
+	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", reconcile.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "deadline of one scheduled job run; a run still going then is cancelled and recorded as failed")
 	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
 	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,previous_secret_env=VAR[,previous_secret_until=T]][,ca_file=PEM][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
@@ -317,7 +318,7 @@ func connectElasticsearch(ctx context.Context, es *esFlags, f relayFlags) (index
 func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client *elasticsearch.Client, spec []byte, f relayFlags, reg *prometheus.Registry, log *slog.Logger) (*relay.Relay, error) {
 	sink, err := indexer.NewSink(indexer.Options{
 		Client: client, MaxBatchDocs: f.bulkDocs, MaxBatchBytes: f.bulkBytes, Workers: f.bulkWorkers,
-		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log, Rebuilt: repair.RebuiltIndex(pool, schemaName),
+		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log, Rebuilt: rebuild.Home(pool, schemaName),
 	})
 	if err != nil {
 		return nil, err
@@ -377,8 +378,8 @@ func newAdminServer(pool *pgxpool.Pool, schemaName string, client *elasticsearch
 			"leaders":       r.LeaderlessError,
 		},
 		Role: admin.RoleOf(r), Jobs: sched.Status, Logger: log, Redact: secrets.String,
-		Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
-			return repair.Rebuilds(ctx, pool, schemaName)
+		Rebuilds: func(ctx context.Context) ([]rebuild.Status, error) {
+			return rebuild.Unfinished(ctx, pool, schemaName)
 		},
 	})
 }
@@ -527,7 +528,7 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 		return fmt.Errorf("reconcile-sql-timeout: must be > 0, got %s", f.reconcileSQLTimeout)
 	}
 	return s.Add("reconcile", f.reconcileSchedule, func(ctx context.Context) error {
-		rep, err := repair.Reconcile(ctx, repair.ReconcileOptions{
+		rep, err := reconcile.Run(ctx, reconcile.Options{
 			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: f.reconcileSQL,
 			SourceTimeout: f.reconcileSQLTimeout, Apply: f.reconcileApply, Operator: "scheduler",
 		})

@@ -12,7 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/internal/progress"
+	"github.com/outboxd/outboxd/repair"
 )
 
 func init() {
@@ -103,7 +104,7 @@ func runRepair(ctx context.Context, args []string) error {
 		return err
 	}
 
-	prog := repair.NewProgress("scan "+*index, 0, repair.ProgressOptions{Logger: slog.Default()})
+	prog := progress.New("scan "+*index, 0, progress.Options{Logger: slog.Default()})
 	plan, err := repair.PlanDuplicates(ctx, client, repair.Options{
 		Index: *index, Key: keyFields, VersionField: *versionField, UpdatedField: *updatedField,
 		PageSize: *pageSize, Progress: prog, IncludeMissingKey: *includeMissingKey,
@@ -144,7 +145,7 @@ func runRepair(ctx context.Context, args []string) error {
 		return fmt.Errorf("%w (nothing was changed)", err)
 	}
 	defer audit.Close()
-	aprog := repair.NewProgress("repair "+*index, int64(len(plan.Groups)), repair.ProgressOptions{Logger: slog.Default()})
+	aprog := progress.New("repair "+*index, int64(len(plan.Groups)), progress.Options{Logger: slog.Default()})
 	res, err := plan.Apply(ctx, client, repair.ApplyOptions{BackupPath: path, Audit: audit, Operator: *operator, Progress: aprog})
 	aprog.Finish()
 	if err != nil {
@@ -209,7 +210,7 @@ Flags:
 		return err
 	}
 	defer audit.Close()
-	prog := repair.NewProgress("restore", 0, repair.ProgressOptions{Logger: slog.Default()})
+	prog := progress.New("restore", 0, progress.Options{Logger: slog.Default()})
 	res, err := repair.Restore(ctx, client, fs.Arg(0), repair.RestoreOptions{Audit: audit, Progress: prog})
 	prog.Finish()
 	if err != nil {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
-	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/rebuild"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -121,8 +121,8 @@ func TestDashboardInBrowser(t *testing.T) {
 VALUES ('tutorials', 'tutorials-000001', 'tutorials-000002', 'catching_up', 'x', '{}', 1234, 2000)`); err != nil {
 		t.Fatal(err)
 	}
-	e.startAdmin(t, admin.Config{SampleInterval: 300 * time.Millisecond, Rebuilds: func(ctx context.Context) ([]repair.RebuildStatus, error) {
-		return repair.Rebuilds(ctx, e.pool, e.schema)
+	e.startAdmin(t, admin.Config{SampleInterval: 300 * time.Millisecond, Rebuilds: func(ctx context.Context) ([]rebuild.Status, error) {
+		return rebuild.Unfinished(ctx, e.pool, e.schema)
 	}})
 	_ = e.jobs.RunNow(ctx, "outbox-retention")
 	_ = e.jobs.RunNow(ctx, "tombstone-purge")

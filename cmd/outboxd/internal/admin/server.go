@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
-	"github.com/outboxd/outboxd/indexer/repair"
+	"github.com/outboxd/outboxd/rebuild"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -47,7 +47,7 @@ type Config struct {
 	// may quote a connection string); default: unchanged.
 	Redact func(string) string
 	// Rebuilds lists the index rebuilds in progress for the page; optional.
-	Rebuilds func(ctx context.Context) ([]repair.RebuildStatus, error)
+	Rebuilds func(ctx context.Context) ([]rebuild.Status, error)
 
 	CacheTTL       time.Duration // Stats cache; default 1s
 	SampleInterval time.Duration // history sampling; default 5s

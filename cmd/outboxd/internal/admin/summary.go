@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
-	"github.com/outboxd/outboxd/indexer/repair"
 	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/rebuild"
 	"github.com/outboxd/outboxd/relay"
 )
 
@@ -166,7 +166,7 @@ type Summary struct {
 	WriteSide      map[string]float64      `json:"write_side,omitempty"`
 	Messages       []MessageView           `json:"messages"`
 	Jobs           []jobs.Status           `json:"jobs"`
-	Rebuilds       []repair.RebuildStatus  `json:"rebuilds"`
+	Rebuilds       []rebuild.Status        `json:"rebuilds"`
 	History        []Sample                `json:"history"`
 	SampleInterval float64                 `json:"sample_interval_seconds"`
 	Outcomes       map[string]float64      `json:"outcomes"`
@@ -214,7 +214,7 @@ func (s *Server) buildSummary(ctx context.Context, since int64) *Summary {
 		DeadLetters:    []relay.DeadLetterStats{},
 		Jobs:           []jobs.Status{},
 		Messages:       []MessageView{},
-		Rebuilds:       []repair.RebuildStatus{},
+		Rebuilds:       []rebuild.Status{},
 		History:        s.history.since(since),
 		SampleInterval: s.cfg.SampleInterval.Seconds(),
 	}
