@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-func TestRepairProgressLine(t *testing.T) {
+func TestLine(t *testing.T) {
 	t.Parallel()
 	t.Run("a known total shows a bar, percent, rate and eta", func(t *testing.T) {
 		l := line("scan", 50, 100, 10, 5*time.Second)

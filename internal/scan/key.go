@@ -10,10 +10,11 @@ import (
 	"github.com/outboxd/outboxd/indexer"
 )
 
-// Doc is what repair remembers about one scanned document: its
-// coordinates and the few values it ranks by, never its source, so a plan
-// over millions of documents stays small. Sources are re-fetched by id for
-// the backup and the apply step.
+// Doc is what a tool keeps of one scanned document: its coordinates and
+// the few values repair ranks by (reconcile reads its source_id, version
+// and tombstone flag), never its source, so a plan over millions of
+// documents stays small. Repair re-fetches sources by id for the backup
+// and the apply step.
 type Doc struct {
 	Index       string `json:"index"`
 	ID          string `json:"id"`
@@ -37,7 +38,7 @@ type Doc struct {
 }
 
 // Key extracts the grouping key and the ranking values from a hit
-// whose source was limited to the fields repair asked for. ok is false
+// whose source was limited to Fields. ok is false
 // when the key is missing: such documents cannot be grouped and are left
 // alone (counted as ungroupable).
 func Key(h Hit, key []string, versionField, updatedField string) (k string, d Doc, ok bool, err error) {

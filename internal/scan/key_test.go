@@ -7,7 +7,7 @@ import (
 	"github.com/outboxd/outboxd/internal/estest"
 )
 
-func TestRepairKeyOf(t *testing.T) {
+func TestKey(t *testing.T) {
 	t.Parallel()
 	hit := func(id, src string) Hit {
 		return Hit{Index: "i", ID: id, Version: 7, Source: json.RawMessage(src)}
