@@ -105,8 +105,12 @@ func (r *Reader) Read(ctx context.Context, index string, ids []string) (*Result,
 		c.Release()
 	}()
 	// The lock is taken before BEGIN, so that the snapshot (taken by the
-	// transaction's first query, below) is taken while it is held.
-	if _, err := c.Exec(ctx, `SELECT pg_advisory_lock(`+r.lock+`); BEGIN ISOLATION LEVEL REPEATABLE READ`); err != nil {
+	// transaction's first query, below) is taken while it is held. Two
+	// round trips: statements sent together run in one transaction.
+	if _, err := c.Exec(ctx, `SELECT pg_advisory_lock(`+r.lock+`)`); err != nil {
+		return fail(err)
+	}
+	if _, err := c.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ`); err != nil {
 		return fail(err)
 	}
 	res := &Result{Docs: make(map[string]json.RawMessage, len(ids))}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/outbox"
 )
@@ -24,7 +25,8 @@ type SinkOptions struct {
 	Pool        *pgxpool.Pool
 	Schema      string
 	Next        Next
-	ReadTimeout time.Duration // statement timeout of a definition's query; default DefaultReadTimeout
+	ReadTimeout time.Duration         // statement timeout of a definition's query; default DefaultReadTimeout
+	Registerer  prometheus.Registerer // optional: outboxd_document_reads_total, outboxd_document_read_ids_total
 	Logger      *slog.Logger
 }
 
@@ -36,6 +38,8 @@ type Sink struct {
 	next   Next
 	reader *Reader
 	log    *slog.Logger
+	reads  *prometheus.CounterVec // by index and result
+	ids    *prometheus.CounterVec // ids read, by index
 }
 
 // NewSink checks o and returns a Sink.
@@ -47,9 +51,29 @@ func NewSink(o SinkOptions) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{next: o.Next, reader: r, log: o.Logger}
+	s := &Sink{next: o.Next, reader: r, log: o.Logger,
+		reads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_document_reads_total",
+			Help: "Reads of a definition-fed index's documents (one query per index per page), by result (ok, retry, rejected).",
+		}, []string{"index", "result"}),
+		ids: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_document_read_ids_total",
+			Help: "Distinct source ids read from definitions (a page's duplicate refreshes of an id count once).",
+		}, []string{"index"}),
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if o.Registerer != nil {
+		for _, c := range []**prometheus.CounterVec{&s.reads, &s.ids} {
+			if err := o.Registerer.Register(*c); err != nil {
+				var are prometheus.AlreadyRegisteredError
+				if !errors.As(err, &are) {
+					return nil, fmt.Errorf("documents: registerer: %w", err)
+				}
+				*c = are.ExistingCollector.(*prometheus.CounterVec)
+			}
+		}
 	}
 	return s, nil
 }
@@ -97,17 +121,20 @@ func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outco
 		positions := byIndex[index]
 		ids, of := distinctIDs(events, positions)
 		res, err := s.reader.Read(ctx, index, ids)
+		s.ids.WithLabelValues(index).Add(float64(len(ids)))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
 			o := readOutcome(err)
+			s.reads.WithLabelValues(index, o.Status.String()).Inc()
 			s.log.Warn("documents: reading a definition failed", "index", index, "ids", len(ids), "outcome", o.Status.String(), "err", err)
 			for _, p := range positions {
 				out[p] = o
 			}
 			continue
 		}
+		s.reads.WithLabelValues(index, "ok").Inc()
 		for _, id := range ids {
 			if reason, ok := res.Refused[id]; ok {
 				for _, p := range of[id] {

@@ -303,7 +303,7 @@ func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client
 	if err != nil {
 		return nil, err
 	}
-	docs, err := documents.NewSink(documents.SinkOptions{Pool: pool, Schema: schemaName, Next: sink, ReadTimeout: f.documentsTimeout, Logger: log})
+	docs, err := documents.NewSink(documents.SinkOptions{Pool: pool, Schema: schemaName, Next: sink, ReadTimeout: f.documentsTimeout, Registerer: reg, Logger: log})
 	if err != nil {
 		return nil, err
 	}
