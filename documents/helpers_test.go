@@ -72,10 +72,11 @@ func (e *env) watchAll(t testing.TB, index string) {
 }
 
 // refreshes returns the "index/source_id" of the refresh events after id
-// after, sorted, and the last event id.
+// after ("index/watch" for a row the relay resolves), sorted, and the
+// last event id.
 func (e *env) refreshes(t testing.TB, after int64) ([]string, int64) {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(), e.sql(`SELECT id, index_name || '/' || source_id FROM {s}.events WHERE id > $1 AND op = 'refresh' ORDER BY id`), after)
+	rows, err := e.pool.Query(context.Background(), e.sql(`SELECT id, index_name || '/' || CASE WHEN event_type = 'refresh.watch' THEN 'watch' ELSE source_id END FROM {s}.events WHERE id > $1 AND op = 'refresh' ORDER BY id`), after)
 	if err != nil {
 		t.Fatal(err)
 	}

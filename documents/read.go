@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -50,6 +51,18 @@ type Result struct {
 	// NULL document), with the reason: they are neither written nor
 	// deleted.
 	Refused map[string]string
+	// Expanded holds, by position of the fan-outs given to Read, the ids
+	// each key query returned (all of them read too); nil when the watch
+	// is gone.
+	Expanded [][]string
+}
+
+// Fanout is a changed row of a table watched with a query key, as
+// refresh_watched recorded it: the key query runs in the read's snapshot
+// with $1 this row.
+type Fanout struct {
+	Table uint32 // the table's oid
+	Row   string // the row's text form
 }
 
 // ReadError is a read that failed: Transient when the same read may well
@@ -73,7 +86,10 @@ func (e *ReadError) Unwrap() error { return e.Err }
 // are taken under the schema's read lock (see the package doc for why the
 // versions follow the snapshots). The query runs READ ONLY with the
 // Reader's statement timeout.
-func (r *Reader) Read(ctx context.Context, index string, ids []string) (*Result, error) {
+//
+// Each fan-out is resolved first, in the same snapshot, by its watch's key
+// query, and the ids it returns are read with the others.
+func (r *Reader) Read(ctx context.Context, index string, ids []string, fanouts ...Fanout) (*Result, error) {
 	fail := func(err error) (*Result, error) {
 		re := &ReadError{Index: index, Err: err}
 		var pgErr *pgconn.PgError
@@ -126,6 +142,26 @@ func (r *Reader) Read(ctx context.Context, index string, ids []string) (*Result,
 	if sql == nil {
 		return fail(ErrNotDefined)
 	}
+	if len(fanouts) > 0 {
+		more, err := r.expand(ctx, c, index, fanouts)
+		if err != nil {
+			return fail(err)
+		}
+		res.Expanded = more
+		seen := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			seen[id] = true
+		}
+		ids = slices.Clip(ids)
+		for _, m := range more {
+			for _, id := range m {
+				if !seen[id] {
+					seen[id] = true
+					ids = append(ids, id)
+				}
+			}
+		}
+	}
 	rows, err := c.Query(ctx, *sql, ids)
 	if err != nil {
 		return fail(err)
@@ -163,6 +199,65 @@ func (r *Reader) Read(ctx context.Context, index string, ids []string) (*Result,
 	}
 	clean = true
 	return res, nil
+}
+
+// expand runs the key query of each fan-out's watch, in one round trip.
+func (r *Reader) expand(ctx context.Context, c *pgxpool.Conn, index string, fanouts []Fanout) ([][]string, error) {
+	type watch struct {
+		rowType uint32
+		keySQL  string
+	}
+	watches := map[uint32]watch{}
+	rows, err := c.Query(ctx, `SELECT w.tbl::oid, c.reltype, w.key_sql FROM `+r.id+`.document_watches w
+		JOIN pg_class c ON c.oid = w.tbl WHERE w.index_name = $1`, index)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var oid uint32
+		var w watch
+		if err := rows.Scan(&oid, &w.rowType, &w.keySQL); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		watches[oid] = w
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make([][]string, len(fanouts))
+	var batch pgconn.Batch
+	var at []int
+	for i, f := range fanouts {
+		w, ok := watches[f.Table]
+		if !ok {
+			continue
+		}
+		// The row goes as text, typed as the table's row: record_in
+		// parses what OLD::text wrote.
+		batch.ExecParams(`SELECT k::text FROM (`+w.keySQL+`) AS q(k) WHERE k IS NOT NULL`,
+			[][]byte{[]byte(f.Row)}, []uint32{w.rowType}, []int16{0}, []int16{0})
+		at = append(at, i)
+	}
+	if len(at) == 0 {
+		return out, nil
+	}
+	results, err := c.Conn().PgConn().ExecBatch(ctx, &batch).ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	for j, res := range results {
+		if res.Err != nil {
+			return nil, res.Err
+		}
+		ids := make([]string, 0, len(res.Rows))
+		for _, row := range res.Rows {
+			ids = append(ids, string(row[0]))
+		}
+		out[at[j]] = ids
+	}
+	return out, nil
 }
 
 func (r *Reader) seq() string {

@@ -25,7 +25,7 @@ type Watch struct {
 	Index     string    `json:"index"`
 	Table     string    `json:"table"`
 	Key       string    `json:"key"`     // as given
-	KeySQL    string    `json:"key_sql"` // the query the trigger runs, $1 the row
+	KeySQL    string    `json:"key_sql"` // the query the trigger (or, for a SELECT, the relay) runs, $1 the row
 	Trigger   string    `json:"trigger"`
 	WatchedBy string    `json:"watched_by"`
 	WatchedAt time.Time `json:"watched_at"`
@@ -93,7 +93,7 @@ func AddWatch(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts W
 	if err != nil {
 		return nil, fmt.Errorf("documents: watch: %w", err)
 	}
-	keySQL, err := keyQuery(ctx, conn, tableOID, opts.Key)
+	keySQL, mode, err := keyQuery(ctx, conn, tableOID, opts.Key)
 	if err != nil {
 		return fail(err.Error(), nil)
 	}
@@ -105,8 +105,8 @@ func AddWatch(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts W
 		var ddl string
 		// format() quotes the trigger's name and arguments; the schema is
 		// an argument, not part of the format string (it may hold a %).
-		if err := tx.QueryRow(ctx, `SELECT format('CREATE OR REPLACE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s.watch_trigger(%L, %L)',
-			$1::text, $2::oid::regclass, $3::text, $4::text, $5::text)`, w.Trigger, tableOID, id, opts.Index, keySQL).Scan(&ddl); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT format('CREATE OR REPLACE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s.watch_trigger(%L, %L, %L)',
+			$1::text, $2::oid::regclass, $3::text, $4::text, $5::text, $6::text)`, w.Trigger, tableOID, id, opts.Index, keySQL, mode).Scan(&ddl); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, ddl); err != nil {
@@ -181,24 +181,28 @@ func triggerName(index string) string {
 	return "outboxd_watch_" + hex.EncodeToString(h[:8])
 }
 
-// keyQuery turns a key in any of its forms into a query with $1 the row.
-func keyQuery(ctx context.Context, conn *pgxpool.Conn, table uint32, key string) (string, error) {
+// keyQuery turns a key in any of its forms into a query with $1 the row,
+// and says how the trigger runs it: "row" (a column or an expression,
+// which read only the row: the trigger refreshes their ids itself) or
+// "query" (a SELECT, which reads other tables: the relay runs it in its
+// read's snapshot, see refresh_watched in the migration).
+func keyQuery(ctx context.Context, conn *pgxpool.Conn, table uint32, key string) (sql, mode string, err error) {
 	key = strings.TrimSpace(key)
 	switch {
 	case queryKey.MatchString(key):
-		return key, nil
+		return key, "query", nil
 	case columnKey.MatchString(key):
 		var ok bool
 		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped)`,
 			table, key).Scan(&ok); err != nil {
-			return "", err
+			return "", "", err
 		}
 		if !ok {
-			return "", fmt.Errorf("key: the table has no column %q (a column name, an expression over $1, or a SELECT)", key)
+			return "", "", fmt.Errorf("key: the table has no column %q (a column name, an expression over $1, or a SELECT)", key)
 		}
-		return "SELECT $1." + pgx.Identifier{key}.Sanitize(), nil
+		return "SELECT $1." + pgx.Identifier{key}.Sanitize(), "row", nil
 	}
-	return "SELECT (" + key + ")", nil
+	return "SELECT (" + key + ")", "row", nil
 }
 
 // checkKey prepares the key with $1 typed as the table's row: it must use

@@ -90,24 +90,60 @@ BEGIN
 END
 $$;
 
--- watch_trigger refreshes, for a changed row, every source_id its key
--- query returns: for the old row and the new one on an UPDATE (a child
--- moved to another parent refreshes both), each id once.
--- TG_ARGV[0] is the index, TG_ARGV[1] the key query with $1 the row.
+-- refresh_watched appends one refresh for a changed row of a table watched
+-- with a query key (many documents per row, found through other tables):
+-- the relay runs the key query with $1 this row in the snapshot of its
+-- read, not here. Run here, it would miss a row that another transaction,
+-- not yet committed, is just linking to this one (a tutorial moving to an
+-- author being renamed); run in the read's snapshot, which sees this
+-- transaction, such a link is either visible or committed later with a
+-- refresh of its own, read later still. The row travels as its text form
+-- in the headers; the source id only spreads the events over partitions.
+CREATE FUNCTION {{schema}}.refresh_watched(index_name text, tbl regclass, row_text text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    id bigint;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM {{schema}}.documents d WHERE d.index_name = refresh_watched.index_name) THEN
+        RAISE EXCEPTION 'outboxd: index_name: % has no document definition, so nothing reads a refresh of it', quote_literal(index_name) USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {{schema}}.events (index_name, source_id, version, op, event_type, headers)
+    VALUES (refresh_watched.index_name, 'watch:' || tbl::oid || ':' || md5(row_text), 1, 'refresh', 'refresh.watch',
+            jsonb_build_object('outboxd_watch', tbl::oid::bigint, 'row', row_text))
+    RETURNING events.id INTO id;
+    RETURN id;
+END
+$$;
+
+-- watch_trigger refreshes, for a changed row, the documents its key
+-- names: for the old row and the new one on an UPDATE (a child moved to
+-- another parent refreshes both). TG_ARGV[0] is the index, TG_ARGV[1] the
+-- key query with $1 the row, TG_ARGV[2] 'row' when the key reads only the
+-- row (its ids are refreshed here, each once) or 'query' when it reads
+-- other tables (the relay resolves it: see refresh_watched).
 CREATE FUNCTION {{schema}}.watch_trigger() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     idx  text := TG_ARGV[0];
-    q    text := 'SELECT k::text FROM (' || TG_ARGV[1] || ') AS q(k) WHERE k IS NOT NULL';
+    q    text := 'SELECT coalesce(array_agg(DISTINCT k::text) FILTER (WHERE k IS NOT NULL), ''{}'') FROM (' || TG_ARGV[1] || ') AS q(k)';
     ids  text[] := '{}';
     more text[];
     sid  text;
 BEGIN
+    IF TG_ARGV[2] = 'query' THEN
+        IF TG_OP IN ('UPDATE', 'DELETE') THEN
+            PERFORM {{schema}}.refresh_watched(idx, TG_RELID::regclass, OLD::text);
+        END IF;
+        IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND NEW::text IS DISTINCT FROM OLD::text) THEN
+            PERFORM {{schema}}.refresh_watched(idx, TG_RELID::regclass, NEW::text);
+        END IF;
+        RETURN NULL;
+    END IF;
     IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        EXECUTE 'SELECT coalesce(array_agg(k), ''{}'') FROM (' || q || ') AS a(k)' INTO ids USING OLD;
+        EXECUTE q INTO ids USING OLD;
     END IF;
     IF TG_OP IN ('UPDATE', 'INSERT') THEN
-        EXECUTE 'SELECT coalesce(array_agg(k), ''{}'') FROM (' || q || ') AS a(k)' INTO more USING NEW;
+        EXECUTE q INTO more USING NEW;
         ids := ids || more;
     END IF;
     FOR sid IN SELECT DISTINCT u FROM unnest(ids) AS u LOOP
