@@ -37,6 +37,18 @@
 // those of the old row and of the new one (a child moved to another
 // parent refreshes both), each id once per row. TRUNCATE is not watched.
 //
+// A column or expression key reads only the row, and the trigger appends
+// its refreshes. A query key reads other tables, and run in the trigger it
+// would miss links that concurrent transactions are making: an author is
+// renamed while a tutorial, not yet committed, moves to that author; the
+// move commits, the relay reads the tutorial with the old name, the rename
+// commits, and its trigger never saw the tutorial. So the trigger appends
+// one fan-out refresh carrying the row (its text form, in the headers),
+// and the relay runs the key query in the snapshot of its read, which
+// sees the rename: a link committed before that snapshot is found, and one
+// committed after it has a refresh of its own, read later still. Every
+// table a definition reads must be watched (or refreshed by hand).
+//
 // # Delivery and versions
 //
 // Sink wraps the Elasticsearch sink (indexer.Sink). For each index with
