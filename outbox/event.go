@@ -11,6 +11,11 @@ type Op string
 const (
 	OpUpsert Op = "upsert"
 	OpDelete Op = "delete"
+	// OpRefresh says only that a document of a definition-fed index may
+	// have changed: it carries no document, and the relay reads the
+	// document from the index's definition (package documents). Append
+	// refuses it; Outbox.Refresh writes it.
+	OpRefresh Op = "refresh"
 )
 
 // Event is one outbox row. Append fills the caller's part; the relay fills

@@ -19,6 +19,7 @@ import (
 
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/admin"
 	"github.com/outboxd/outboxd/cmd/outboxd/internal/jobs"
+	"github.com/outboxd/outboxd/documents"
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/rebuild"
@@ -67,6 +68,7 @@ type relayFlags struct {
 	reconcileSQLTimeout     time.Duration
 	jobTimeout              time.Duration
 	abandonedAfter          time.Duration
+	documentsTimeout        time.Duration
 	destinations            destinationFlags
 }
 
@@ -258,6 +260,7 @@ func newRelayFlagSet(name, usage string) (*flag.FlagSet, *dbFlags, *esFlags, *re
 	fs.DurationVar(&f.reconcileSQLTimeout, "reconcile-sql-timeout", reconcile.DefaultSourceTimeout, "statement timeout of --reconcile-sql, which runs in a READ ONLY transaction")
 	fs.DurationVar(&f.jobTimeout, "job-timeout", 5*time.Minute, "deadline of one scheduled job run; a run still going then is cancelled and recorded as failed")
 	fs.DurationVar(&f.abandonedAfter, "abandoned-after", relay.DefaultAbandonedAfter, "the admin page flags a stream as abandoned when it has no leader and no progress for this long")
+	fs.DurationVar(&f.documentsTimeout, "documents-timeout", documents.DefaultReadTimeout, "statement timeout of a definition-fed index's SQL when the relay reads the documents of a page's refreshes (READ ONLY)")
 	fs.Var(&f.destinations, "destination", "deliver messages for a webhook destination (repeatable): NAME=URL[,secret_env=VAR][,previous_secret_env=VAR[,previous_secret_until=T]][,ca_file=PEM][,idempotent=true][,timeout=5s][,concurrency=N][,rate=N/s][,check=SQL] (check last)")
 	return fs, db, es, f
 }
@@ -276,6 +279,9 @@ func checkRelayFlags(f relayFlags) error {
 	}
 	if f.ledgerRetention < f.retention {
 		return fmt.Errorf("ledger-retention: %v is shorter than --retention %v: a message replayed from the outbox after its ledger row is gone would be sent again", f.ledgerRetention, f.retention)
+	}
+	if f.documentsTimeout <= 0 {
+		return nil, nil, f, fmt.Errorf("documents-timeout: must be > 0, got %v", f.documentsTimeout)
 	}
 	if f.abandonedAfter <= 0 {
 		return fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
@@ -313,13 +319,19 @@ func connectElasticsearch(ctx context.Context, es *esFlags, f relayFlags) (index
 	return esCfg, client, spec, nil
 }
 
-// newRelay wires the Elasticsearch sink, the streams (partitions of the
+// newRelay wires the Elasticsearch sink (behind the definition sink, which
+// answers the refreshes of definition-fed indexes with their documents
+// and passes every other event through), the streams (partitions of the
 // outbox, and one per webhook destination) and the engine.
 func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client *elasticsearch.Client, spec []byte, f relayFlags, reg *prometheus.Registry, log *slog.Logger) (*relay.Relay, error) {
 	sink, err := indexer.NewSink(indexer.Options{
 		Client: client, MaxBatchDocs: f.bulkDocs, MaxBatchBytes: f.bulkBytes, Workers: f.bulkWorkers,
 		IndexSpec: spec, JSONB: true, Registerer: reg, Logger: log, Rebuilt: rebuild.Home(pool, schemaName),
 	})
+	if err != nil {
+		return nil, err
+	}
+	docs, err := documents.NewSink(documents.SinkOptions{Pool: pool, Schema: schemaName, Next: sink, ReadTimeout: f.documentsTimeout, Registerer: reg, Logger: log})
 	if err != nil {
 		return nil, err
 	}
@@ -342,7 +354,7 @@ func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client
 		return nil, err
 	}
 	return relay.New(relay.Config{
-		Pool: pool, Schema: schemaName, Sink: sink, Streams: append(streams, hooks...),
+		Pool: pool, Schema: schemaName, Sink: docs, Streams: append(streams, hooks...),
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
 		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll, Linger: lingerOf(f.linger), LingerDocs: f.lingerDocs,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
