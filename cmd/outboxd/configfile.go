@@ -96,6 +96,8 @@ type fileIndexing struct {
 	BulkDocs       setting `yaml:"bulk_docs" flag:"bulk-docs"`
 	BulkBytes      setting `yaml:"bulk_bytes" flag:"bulk-bytes" kind:"size"`
 	BulkWorkers    setting `yaml:"bulk_workers" flag:"bulk-workers"`
+	// DocumentsTimeout bounds a definition-fed index's SQL (package documents).
+	DocumentsTimeout setting `yaml:"documents_timeout" flag:"documents-timeout"`
 }
 
 type fileRetries struct {

@@ -281,7 +281,7 @@ func checkRelayFlags(f relayFlags) error {
 		return fmt.Errorf("ledger-retention: %v is shorter than --retention %v: a message replayed from the outbox after its ledger row is gone would be sent again", f.ledgerRetention, f.retention)
 	}
 	if f.documentsTimeout <= 0 {
-		return nil, nil, f, fmt.Errorf("documents-timeout: must be > 0, got %v", f.documentsTimeout)
+		return fmt.Errorf("documents-timeout: must be > 0, got %v", f.documentsTimeout)
 	}
 	if f.abandonedAfter <= 0 {
 		return fmt.Errorf("abandoned-after: must be > 0, got %v", f.abandonedAfter)
