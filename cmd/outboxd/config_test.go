@@ -88,8 +88,8 @@ func TestNoOutputCarriesASecret(t *testing.T) {
 	invocations := [][]string{{"repair", "restore"}}
 	for _, n := range names {
 		inv := []string{n}
-		if n == "deadletters" || n == "streams" || n == "deliveries" {
-			inv = append(inv, "list") // both parse their flags after an action
+		if n == "deadletters" || n == "streams" || n == "deliveries" || n == "documents" {
+			inv = append(inv, "list") // these parse their flags after an action
 		}
 		invocations = append(invocations, inv)
 	}
