@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -19,9 +20,12 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/elastic/go-elasticsearch/v8"
 
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -32,7 +36,9 @@ type testCA struct {
 	key     *ecdsa.PrivateKey
 	pool    *x509.CertPool
 	pemPath string
-	serial  int64
+	// serial numbers the certificates issue signs; atomic because the
+	// parallel subtests of one test share their CA.
+	serial atomic.Int64
 }
 
 func newTestCA(t *testing.T) *testCA {
@@ -58,7 +64,8 @@ func newTestCA(t *testing.T) *testCA {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca := &testCA{cert: cert, key: key, pool: x509.NewCertPool(), serial: 1}
+	ca := &testCA{cert: cert, key: key, pool: x509.NewCertPool()}
+	ca.serial.Store(1) // the CA's own
 	ca.pool.AddCert(cert)
 	ca.pemPath = writePEM(t, "ca.pem", "CERTIFICATE", der)
 	return ca
@@ -72,9 +79,8 @@ func (ca *testCA) issue(t *testing.T, client bool) (pair tls.Certificate, certPa
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca.serial++
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(ca.serial),
+		SerialNumber: big.NewInt(ca.serial.Add(1)),
 		Subject:      pkix.Name{CommonName: "127.0.0.1"},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
@@ -118,7 +124,8 @@ func writePEM(t *testing.T, name, typ string, der []byte) string {
 // certificate from a test CA, that lets through only the requests allow
 // accepts (it terminates authentication: the test node runs without
 // security). With hang set it reads each request and never answers, which
-// is what a wedged node or load balancer looks like to the client.
+// is what a wedged node or load balancer looks like to the client: when
+// the client leaves, it drops the connection without a response.
 type tlsProxy struct {
 	URL         string
 	Fingerprint string // SHA-256 of its certificate, hex
@@ -154,7 +161,10 @@ func newTLSProxy(t *testing.T, ca *testCA, allow func(*http.Request) bool) *tlsP
 				// client gives up and cancels the context.
 				_, _ = io.Copy(io.Discard, r.Body)
 				<-r.Context().Done()
-				return
+				// Returning would have net/http send an empty 200 on a
+				// connection that can still carry one (a client that
+				// only closed its side): aborting closes it unanswered.
+				panic(http.ErrAbortHandler)
 			}
 			r.Header.Del("Authorization")
 			rp.ServeHTTP(w, r)
@@ -175,4 +185,24 @@ func newTLSProxy(t *testing.T, ca *testCA, allow func(*http.Request) bool) *tlsP
 func fingerprintOf(der []byte) string {
 	sum := sha256.Sum256(der)
 	return hex.EncodeToString(sum[:])
+}
+
+// pingAnswered pings until the node answers: the check that a setup works
+// before a test makes its proxy hang. On a loaded machine a request through
+// the proxy to Elasticsearch can outlast a short client timeout, so that
+// timeout is retried for a while; any other error is the setup's and fails
+// at once.
+func pingAnswered(t *testing.T, es *elasticsearch.Client) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		err := Ping(context.Background(), es)
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "client timeout") || time.Now().After(deadline) {
+			t.Fatalf("before the hang: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
