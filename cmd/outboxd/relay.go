@@ -26,6 +26,12 @@ func runRelay(ctx context.Context, args []string) error {
 	}
 	log := slog.Default()
 
+	// The checks of outboxd check: what needs no server is refused before
+	// the relay waits for one.
+	p := &preflight{db: db, es: es, f: f}
+	if err := refuseAtStart(log, append(p.destinations(ctx, nil), p.indexSpec(ctx, nil, 0), p.adminAddr())...); err != nil {
+		return err
+	}
 	pool, err := relayPool(ctx, db, log)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -34,10 +40,24 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	esCfg, client, spec, err := connectElasticsearch(ctx, es, f)
-	if err != nil {
+	if err := refuseAtStart(log, append([]finding{p.schemaVersion(ctx, pool)}, p.destinations(ctx, pool)...)...); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
+	esCfg, client, server := p.search(ctx)
+	reached := client
+	if server.problem() {
+		reached = nil // the spec waits for a server that answers: the sink checks it then
+	}
+	if err := refuseAtStart(log, server, p.indexSpec(ctx, reached, len(esCfg.Addresses))); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	spec := p.spec
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	r, err := newRelay(ctx, pool, db.schema, client, spec, f, reg, log)
