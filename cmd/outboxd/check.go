@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	register("check", "check a relay's settings before it runs: PostgreSQL and the schema, the search server, the index spec, each destination, the admin address; exit 1 on a problem", runCheck)
+	register("check", "preflight of the relay's settings: PostgreSQL and the schema, search server, index spec, destinations, admin address; exit 1 on a problem", runCheck)
 }
 
 const checkUsage = "Usage: outboxd check [--config outboxd.yaml] [flags]\n\nChecks what outboxd relay needs, with the relay's settings (the same flags and --config file),\nwithout taking any event or sending any message: PostgreSQL answers and the schema has every\nmigration of this binary; the search server is a supported product and version; the server\nvalidates --index-spec (a simulated index template: nothing is created); every --destination\nhas an http(s) URL, its secret in the variable it names and a check SQL that prepares READ ONLY\nwith $1 and $2; the admin address can be bound. Prints one line per item, ok, problem or\nskipped (not checked, because what it needs failed), and exits 1 on any problem, 0 otherwise.\nThe relay runs the same checks at start and refuses a problem of its configuration (a server\nthat does not answer it waits for).\n\nFlags:"
