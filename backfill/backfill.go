@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/documents"
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/internal/progress"
 	"github.com/outboxd/outboxd/internal/source"
@@ -36,6 +37,13 @@ type Options struct {
 	// id's own type: return a table's key column as it is (not id::text)
 	// and the rows are read in the order of its index, without a sort. The
 	// id's text is the document's _id.
+	//
+	// Empty for a definition-fed index (package documents): every
+	// document of its definition is loaded instead, the ids of its ids
+	// query read in batches by documents.Reader, each batch at the
+	// version of its read (see internal/source.Definition). A
+	// definition-fed index refuses a SourceSQL, and an index without a
+	// definition needs one.
 	SourceSQL string
 	// Restart starts over even when an interrupted backfill of Index could
 	// be continued.
@@ -56,6 +64,8 @@ type Options struct {
 	// stored, with the count of batches stored: tests interrupt a run at
 	// a known batch through it.
 	afterStore func(batches int)
+
+	def *documents.Definition // the index's definition, looked up by Run
 }
 
 // Report is what Run did.
@@ -84,6 +94,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
+	if err := o.lookup(ctx); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	st, err := openBackfillState(ctx, o)
 	if err != nil {
@@ -105,13 +118,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, fmt.Errorf("indexer: backfill: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := source.Declare(ctx, tx, o.query(), st.after); err != nil {
+	rd, err := o.open(ctx, tx, st.after)
+	if err != nil {
 		return nil, err
 	}
 	write := o.Sink.Write
-	if o.Progress != nil {
-		o.Progress.SetTotal(source.Estimate(ctx, tx, o.SourceSQL))
-	}
 
 	// The reader fills the next batch while InFlight earlier ones are at
 	// the sink (a slot each: more would only hold more memory); results
@@ -130,7 +141,6 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	reading := make(chan struct{})
 	// Before the deferred rollback: the reader must be off the connection.
 	defer func() { cancel(); <-reading }()
-	rd := source.NewReader(tx, o.query())
 	go func() {
 		defer close(reading)
 		defer close(queue)
@@ -202,8 +212,6 @@ func (o *Options) defaults() error {
 		return errors.New("indexer: backfill: pool: no PostgreSQL pool")
 	case o.Sink == nil:
 		return errors.New("indexer: backfill: sink: no sink")
-	case strings.TrimSpace(o.SourceSQL) == "":
-		return errors.New("indexer: backfill: source_sql: must not be empty")
 	}
 	if err := indexer.CheckName(o.Index); err != nil {
 		return err
@@ -230,6 +238,70 @@ func (o *Options) defaults() error {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
+}
+
+// lookup finds Index's definition and refuses what cannot be loaded: a
+// definition-fed index with a SourceSQL (its documents come from its
+// definition, at read versions), one without either, or a definition
+// without an ids query.
+func (o *Options) lookup(ctx context.Context) error {
+	def, err := documents.Lookup(ctx, o.Pool, o.Schema, o.Index)
+	if err != nil {
+		return fmt.Errorf("indexer: backfill: %w", err)
+	}
+	switch given := strings.TrimSpace(o.SourceSQL) != ""; {
+	case def == nil && !given:
+		return fmt.Errorf("indexer: backfill: source_sql: required: index %s has no document definition to load its documents from (outboxd documents define --index %s), so the query returning its rows must be given", o.Index, o.Index)
+	case def != nil && given:
+		return fmt.Errorf("indexer: backfill: source_sql: index %s is definition-fed: its documents come from its definition, at the versions of their reads; leave source_sql out to load them from it", o.Index)
+	case def != nil:
+		if err := def.NeedIDs(); err != nil {
+			return fmt.Errorf("indexer: backfill: %w", err)
+		}
+	}
+	o.def = def
+	return nil
+}
+
+// batches reads a backfill's source in batches: rows of SourceSQL, or
+// documents of the definition.
+type batches interface {
+	Next(ctx context.Context) (source.Batch, error)
+	Close()
+}
+
+// open opens the cursor after key after and returns its batches, with
+// the progress bar's total set to the planner's estimate.
+func (o *Options) open(ctx context.Context, tx pgx.Tx, after string) (batches, error) {
+	if o.def == nil {
+		if err := source.Declare(ctx, tx, o.query(), after); err != nil {
+			return nil, err
+		}
+		if o.Progress != nil {
+			o.Progress.SetTotal(source.Estimate(ctx, tx, o.SourceSQL))
+		}
+		return source.NewReader(tx, o.query()), nil
+	}
+	reader, err := documents.NewReader(o.Pool, o.Schema, o.SourceTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("indexer: backfill: %w", err)
+	}
+	if err := source.DeclareIDs(ctx, tx, o.def.IDsSQL, o.SourceTimeout, after); err != nil {
+		return nil, fmt.Errorf("indexer: backfill: index %s: %w", o.Index, err)
+	}
+	if o.Progress != nil {
+		o.Progress.SetTotal(source.Estimate(ctx, tx, o.def.IDsSQL))
+	}
+	return source.NewDefinition(tx, reader, o.query()), nil
+}
+
+// sourceKey is what the progress row's hash identifies: the query, or
+// the definition and its ids query.
+func (o *Options) sourceKey() string {
+	if o.def != nil {
+		return source.DefinitionHash(o.def)
+	}
+	return o.SourceSQL
 }
 
 // query is what the source reader needs of o.

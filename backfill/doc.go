@@ -16,4 +16,17 @@
 // batch the sink answered, in order, the last id is stored in
 // <schema>.backfills, and a rerun continues after it. ValidJSON tells the
 // caller whether the sink may be built with indexer.Options.JSONB.
+//
+// A definition-fed index (package documents) is loaded from its
+// definition instead, with no SourceSQL (which it refuses; an index
+// without a definition needs one): the ids of its ids query go through the
+// same cursor and progress, and each batch's documents are read by
+// documents.Reader, in a snapshot and at a version of its own drawn under
+// the lock that orders every read of the schema, the relay's included. A
+// backfilled document therefore loses the gate to a refresh read after it
+// and wins over one read before it, in whatever order they reach
+// Elasticsearch; an id the definition no longer returns is written as a
+// delete (a tombstone) at the read's version. The progress row is tied to
+// the definition and its ids query: a run of another one is not
+// continued.
 package backfill

@@ -67,7 +67,7 @@ func openBackfillState(ctx context.Context, o Options) (_ *backfillState, err er
 		}
 	}()
 
-	sum := sha256.Sum256([]byte(o.SourceSQL))
+	sum := sha256.Sum256([]byte(o.sourceKey()))
 	hash := hex.EncodeToString(sum[:])
 	var (
 		have     string
@@ -79,6 +79,8 @@ func openBackfillState(ctx context.Context, o Options) (_ *backfillState, err er
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return nil, fmt.Errorf("indexer: backfill: reading progress: %w", err)
+	case !finished && !o.Restart && have != hash && o.def != nil:
+		return nil, fmt.Errorf("indexer: backfill: index %s: an unfinished backfill of another definition or ids query (or of a source_sql) stopped after id %q; the documents it loaded may be of another definition: restart to start over", o.Index, deref(last))
 	case !finished && !o.Restart && have != hash:
 		return nil, fmt.Errorf("indexer: backfill: index %s: an unfinished backfill with another source_sql stopped after id %q; pass the same SQL to continue it, or restart to start over", o.Index, deref(last))
 	case !finished && !o.Restart && last != nil:

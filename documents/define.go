@@ -31,7 +31,12 @@ type Definition struct {
 	PreviousSQL string     `json:"previous_sql,omitempty"`
 	PreviousBy  string     `json:"previous_by,omitempty"`
 	PreviousAt  *time.Time `json:"previous_at,omitempty"`
-	Watches     []Watch    `json:"watches"`
+	// IDsSQL returns every source_id of the index (one column): what
+	// backfill, reconcile and rebuild --from source ask SQL for. Empty
+	// when none was declared.
+	IDsSQL         string  `json:"ids_sql,omitempty"`
+	PreviousIDsSQL string  `json:"previous_ids_sql,omitempty"`
+	Watches        []Watch `json:"watches"`
 }
 
 // DefineOptions declare an index's definition.
@@ -39,7 +44,13 @@ type DefineOptions struct {
 	Index string
 	// SQL returns (source_id text, document jsonb) for the ids in $1
 	// (text[]), and nothing else.
-	SQL          string
+	SQL string
+	// IDsSQL, optional, returns every source_id of the index as one column
+	// (SELECT id FROM tutorials), in the form the definition returns them
+	// as text: the tools that load or check a whole index (backfill,
+	// reconcile, rebuild --from source) read the definition for its ids.
+	// Empty keeps the one already declared, if any.
+	IDsSQL       string
 	Operator     string        // who declares it, for the audit log
 	CheckTimeout time.Duration // of the trial run; default DefaultCheckTimeout
 }
@@ -71,6 +82,11 @@ func Define(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts Def
 	if err := checkSQL(ctx, pool, opts.SQL, opts.CheckTimeout); err != nil {
 		return nil, &DefinitionError{Index: opts.Index, Reason: err.Error(), Err: errors.Unwrap(err)}
 	}
+	if strings.TrimSpace(opts.IDsSQL) != "" {
+		if err := checkIDsSQL(ctx, pool, opts.IDsSQL, opts.CheckTimeout); err != nil {
+			return nil, &DefinitionError{Index: opts.Index, Reason: err.Error(), Err: errors.Unwrap(err)}
+		}
+	}
 	var d *Definition
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// Holds appends back until this commits, and waits for those in
@@ -87,22 +103,26 @@ func Define(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts Def
 			return fail(fmt.Sprintf("the outbox holds %d upsert/delete events for it: it is event-fed; define the documents under a new index name (or once retention has deleted them)", n), ErrEventFed)
 		}
 		d = &Definition{Index: opts.Index, SQL: opts.SQL, DefinedBy: opts.Operator}
-		var prevSQL, prevBy pgtype.Text
-		if err := tx.QueryRow(ctx, `INSERT INTO `+id+`.documents AS d (index_name, sql, defined_by) VALUES ($1, $2, $3)
+		var prevSQL, prevBy, idsSQL, prevIDs pgtype.Text
+		if err := tx.QueryRow(ctx, `INSERT INTO `+id+`.documents AS d (index_name, sql, defined_by, ids_sql) VALUES ($1, $2, $3, $4)
 			ON CONFLICT (index_name) DO UPDATE SET sql = EXCLUDED.sql, revision = d.revision + 1,
 				defined_by = EXCLUDED.defined_by, defined_at = now(),
-				previous_sql = d.sql, previous_by = d.defined_by, previous_at = d.defined_at
-			RETURNING revision, defined_at, previous_sql, previous_by, previous_at`, opts.Index, opts.SQL, opts.Operator).
-			Scan(&d.Revision, &d.DefinedAt, &prevSQL, &prevBy, &d.PreviousAt); err != nil {
+				previous_sql = d.sql, previous_by = d.defined_by, previous_at = d.defined_at,
+				ids_sql = coalesce(EXCLUDED.ids_sql, d.ids_sql), previous_ids_sql = d.ids_sql
+			RETURNING revision, defined_at, previous_sql, previous_by, previous_at, ids_sql, previous_ids_sql`,
+			opts.Index, opts.SQL, opts.Operator, nullIfEmpty(strings.TrimSpace(opts.IDsSQL))).
+			Scan(&d.Revision, &d.DefinedAt, &prevSQL, &prevBy, &d.PreviousAt, &idsSQL, &prevIDs); err != nil {
 			return err
 		}
 		d.PreviousSQL, d.PreviousBy = prevSQL.String, prevBy.String
+		d.IDsSQL, d.PreviousIDsSQL = idsSQL.String, prevIDs.String
 		if _, err := tx.Exec(ctx, `CREATE OR REPLACE TRIGGER outboxd_documents_guard BEFORE INSERT ON `+id+`.events
 			FOR EACH ROW EXECUTE FUNCTION `+id+`.documents_guard()`); err != nil {
 			return err
 		}
 		return audit(ctx, tx, id, opts.Operator, "documents.define", map[string]any{
 			"index": opts.Index, "revision": d.Revision, "sql": opts.SQL, "previous_sql": nullIfEmpty(d.PreviousSQL),
+			"ids_sql": nullIfEmpty(d.IDsSQL), "previous_ids_sql": nullIfEmpty(d.PreviousIDsSQL),
 		})
 	})
 	if err != nil {
@@ -180,14 +200,14 @@ func List(ctx context.Context, db Querier, schemaName string) ([]Definition, err
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `SELECT index_name, sql, revision, defined_by, defined_at,
-		coalesce(previous_sql, ''), coalesce(previous_by, ''), previous_at
+		coalesce(previous_sql, ''), coalesce(previous_by, ''), previous_at, coalesce(ids_sql, ''), coalesce(previous_ids_sql, '')
 		FROM `+id+`.documents ORDER BY index_name`)
 	if err != nil {
 		return nil, fmt.Errorf("documents: list: %w", err)
 	}
 	defs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Definition, error) {
 		var d Definition
-		err := r.Scan(&d.Index, &d.SQL, &d.Revision, &d.DefinedBy, &d.DefinedAt, &d.PreviousSQL, &d.PreviousBy, &d.PreviousAt)
+		err := r.Scan(&d.Index, &d.SQL, &d.Revision, &d.DefinedBy, &d.DefinedAt, &d.PreviousSQL, &d.PreviousBy, &d.PreviousAt, &d.IDsSQL, &d.PreviousIDsSQL)
 		return d, err
 	})
 	if err != nil {

@@ -6,11 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/elastic/go-elasticsearch/v8"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/backfill"
+	"github.com/outboxd/outboxd/documents"
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/internal/progress"
 	"github.com/outboxd/outboxd/rebuild"
@@ -25,7 +28,7 @@ func runBackfill(ctx context.Context, args []string) error {
 	db := addDBFlags(fs)
 	es := addESFlags(fs)
 	index := fs.String("index", "", "index name N the rows are written to (required)")
-	sourceSQL := fs.String("source-sql", "", "query returning id, version, document[, deleted] (required)")
+	sourceSQL := fs.String("source-sql", "", "query returning id, version, document[, deleted] (required, unless N has a document definition: its documents are then loaded from it)")
 	restart := fs.Bool("restart", false, "start over instead of continuing an interrupted backfill of this index")
 	batch := fs.Int("batch", 4000, "rows per sink write at most")
 	batchBytes := fs.Int("batch-bytes", 8<<20, "bytes of ids and documents per sink write at most (a row larger alone is sent alone); memory holds (in-flight + 1) batches")
@@ -39,6 +42,7 @@ func runBackfill(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: outboxd backfill --index N --source-sql "SELECT id, version, row_to_json(t) FROM t" [flags]
+       outboxd backfill --index N [flags]   (N has a document definition)
 
 Streams every row of the query straight to Elasticsearch as versioned
 upserts (a fourth boolean column, when true, writes a delete), with the same
@@ -52,6 +56,14 @@ same command again after a crash to continue after the last stored id.
 One backfill of an index runs at a time: a second one is refused, naming
 the running one.
 
+Without --source-sql, an index with a document definition (outboxd
+documents define) is loaded from it: the ids of its ids query (--ids-sql of
+documents define), in their own order, are read from the definition in
+batches, each read at a version that orders it with the relay's reads, so
+a backfilled document never overwrites a refresh read after it and loses
+to one read later; an id the definition no longer returns is written as a
+tombstone. Resumable in the same way.
+
 Exit status: 0 every row applied or stale; 3 some rows were rejected (listed).
 
 Flags:
@@ -64,8 +76,6 @@ Flags:
 	switch {
 	case *index == "":
 		return fmt.Errorf("index: required (--index N)")
-	case *sourceSQL == "":
-		return fmt.Errorf("source-sql: required (a query returning id, version, document)")
 	case *batch < 1 || *batchBytes < 1:
 		return fmt.Errorf("batch, batch-bytes: must be at least 1 (got %d, %d)", *batch, *batchBytes)
 	}
@@ -82,15 +92,22 @@ Flags:
 		return err
 	}
 	defer pool.Close()
+	defined, err := definitionSource(ctx, pool, db.schema, *index, *sourceSQL)
+	if err != nil {
+		return err
+	}
 	spec, err := backfillIndexSpec(ctx, client, *indexSpec, *index, len(esCfg.Addresses))
 	if err != nil {
 		return err
 	}
-	// A json or jsonb document column was validated by PostgreSQL: the
-	// sink need not parse every document again.
-	validJSON, err := backfill.ValidJSON(ctx, pool, *sourceSQL)
-	if err != nil {
-		return err
+	// A json or jsonb document column was validated by PostgreSQL (a
+	// definition's documents are jsonb): the sink need not parse every
+	// document again.
+	validJSON := defined
+	if !defined {
+		if validJSON, err = backfill.ValidJSON(ctx, pool, *sourceSQL); err != nil {
+			return err
+		}
 	}
 	sink, err := indexer.NewSink(indexer.Options{Client: client, MaxBatchDocs: *bulkDocs, MaxBatchBytes: *bulkBytes, Workers: *workers, IndexSpec: spec, JSONB: validJSON, Rebuilt: rebuild.Home(pool, db.schema)})
 	if err != nil {
@@ -123,6 +140,26 @@ Flags:
 		return &exitError{code: 3, err: fmt.Errorf("%d rows rejected", rep.Rejected)}
 	}
 	return nil
+}
+
+// definitionSource reports whether index's documents come from its
+// definition, refusing the --source-sql an index needs when it has none,
+// and the one a definition-fed index must not be given: backfill,
+// reconcile and rebuild --from source read one or the other.
+func definitionSource(ctx context.Context, pool *pgxpool.Pool, schemaName, index, sourceSQL string) (bool, error) {
+	def, err := documents.Lookup(ctx, pool, schemaName, index)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case def == nil && strings.TrimSpace(sourceSQL) == "":
+		return false, fmt.Errorf("source-sql: required: index %s has no document definition to read its documents from (outboxd documents define --index %s --sql-file F --ids-sql SQL), so --source-sql must give the query returning its rows (id, version, document)", index, index)
+	case def != nil && strings.TrimSpace(sourceSQL) != "":
+		return false, fmt.Errorf("source-sql: index %s is definition-fed: its documents come from its definition (outboxd documents list), at the versions of their reads; leave --source-sql out to use it", index)
+	case def != nil:
+		return true, def.NeedIDs()
+	}
+	return false, nil
 }
 
 // backfillIndexSpec reads --index-spec, checked as the relay checks its

@@ -20,7 +20,7 @@ func init() {
 }
 
 const documentsUsage = `Usage:
-  outboxd documents define  --index N --sql-file F [--check-timeout 5s] [--operator NAME]
+  outboxd documents define  --index N --sql-file F [--ids-sql SQL] [--check-timeout 5s] [--operator NAME]
   outboxd documents list    [--json]
   outboxd documents drop    --index N [--operator NAME]
   outboxd documents watch   --index N --table T --key KEY [--operator NAME]
@@ -30,6 +30,8 @@ A definition-fed index N takes its documents from SQL returning (source_id text,
 jsonb) for the ids in $1 (a text[]). define checks it (it must prepare, return exactly those
 two columns, and run read-only on an empty id list within --check-timeout) and stores it; the
 relay then answers every refresh(N, id) with what the SQL returns for id now, or a tombstone.
+--ids-sql (SELECT id FROM tutorials) lists every source_id of N, for the tools that read all
+of N from its definition: backfill, reconcile and rebuild --from source without --source-sql.
 watch installs a trigger on T that refreshes the ids KEY gives for each changed row ($1 is the
 row): a column (tutorial_id), an expression ($1.tutorial_id) or a query
 (SELECT t.id FROM tutorials t WHERE t.author_id = $1.id). Every change goes to audit_log
@@ -56,7 +58,7 @@ func documentsCmd(ctx context.Context, args []string, out io.Writer) error {
 		fs.PrintDefaults()
 	}
 	db := addDBFlags(fs)
-	var index, sqlFile, table, key, operator string
+	var index, sqlFile, idsSQL, table, key, operator string
 	checkTimeout := documents.DefaultCheckTimeout
 	asJSON := fs.Bool("json", false, "print JSON")
 	if action != "list" {
@@ -66,6 +68,7 @@ func documentsCmd(ctx context.Context, args []string, out io.Writer) error {
 	switch action {
 	case "define":
 		fs.StringVar(&sqlFile, "sql-file", "", "file holding the definition's SQL (- for standard input)")
+		fs.StringVar(&idsSQL, "ids-sql", "", "query returning every source_id of --index, one column (default: keep the one declared before, if any)")
 		fs.DurationVar(&checkTimeout, "check-timeout", documents.DefaultCheckTimeout, "statement timeout of the definition's trial run")
 	case "watch", "unwatch":
 		fs.StringVar(&table, "table", "", "the contributing table (schema-qualified, or on the search_path)")
@@ -111,7 +114,7 @@ func documentsCmd(ctx context.Context, args []string, out io.Writer) error {
 	defer pool.Close()
 	switch action {
 	case "define":
-		d, err := documents.Define(ctx, pool, db.schema, documents.DefineOptions{Index: index, SQL: sql, Operator: operator, CheckTimeout: checkTimeout})
+		d, err := documents.Define(ctx, pool, db.schema, documents.DefineOptions{Index: index, SQL: sql, IDsSQL: idsSQL, Operator: operator, CheckTimeout: checkTimeout})
 		if err != nil {
 			return err
 		}
@@ -119,6 +122,9 @@ func documentsCmd(ctx context.Context, args []string, out io.Writer) error {
 			return indentJSON(out, d)
 		}
 		fmt.Fprintf(out, "defined index %s (revision %d) as %s (recorded in audit_log)\n", d.Index, d.Revision, d.DefinedBy)
+		if d.IDsSQL == "" {
+			fmt.Fprintf(out, "no --ids-sql: backfill, reconcile and rebuild --from source cannot list the ids of %s until one is declared\n", d.Index)
+		}
 		if d.Revision > 1 {
 			fmt.Fprintf(out, "documents already in the index keep the previous definition's content until refreshed: run `outboxd backfill --index %s` to read them all again\n", d.Index)
 		}
@@ -188,6 +194,9 @@ func printDefinitions(out io.Writer, defs []documents.Definition) {
 		}
 		fmt.Fprintf(out, "index %s: revision %d, defined by %s at %s\n", d.Index, d.Revision, d.DefinedBy, d.DefinedAt.Format(time.RFC3339))
 		fmt.Fprintf(out, "  %s\n", strings.ReplaceAll(strings.TrimSpace(d.SQL), "\n", "\n  "))
+		if d.IDsSQL != "" {
+			fmt.Fprintf(out, "  ids: %s\n", strings.ReplaceAll(strings.TrimSpace(d.IDsSQL), "\n", "\n  "))
+		}
 		if d.PreviousSQL != "" {
 			fmt.Fprintf(out, "  (previous revision by %s at %s kept in the documents table)\n", d.PreviousBy, d.PreviousAt.Format(time.RFC3339))
 		}

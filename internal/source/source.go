@@ -2,6 +2,13 @@
 // and optionally deleted) as events, in the id's own order through a
 // server-side cursor, in a read-only snapshot: what backfill streams to
 // the sink and rebuild --from source copies into the new index.
+//
+// For a definition-fed index (package documents) the rows are its
+// definition's documents instead: the ids of its ids query, read through
+// the same kind of cursor (DeclareIDs), are read in batches by
+// documents.Reader, each read in a snapshot and at a version of its own
+// that order it with the relay's reads of the same documents
+// (definition.go).
 package source
 
 import (
@@ -117,7 +124,8 @@ func Describe(ctx context.Context, tx pgx.Tx, sql string) (Shape, error) {
 	return sh, nil
 }
 
-// CursorSQL is the cursor over sql (of cols columns) ordered by
+// CursorSQL is the cursor over sql (of cols columns: 1 for an ids query,
+// 3 or 4 for a source query) ordered by
 // its id, in keyType ("" for the id's text in byte order), after the key
 // in the setting outboxd.backfill_after when resume. The id is returned as
 // text, the form in which it is stored and becomes the document's _id.
@@ -129,7 +137,10 @@ func CursorSQL(sql, keyType string, cols int, resume bool) string {
 		after = "current_setting('outboxd.backfill_after')"
 	}
 	names, out := "id, version, document", "src.id::text, src.version::text, src.document"
-	if cols == 4 {
+	switch cols {
+	case 1: // an ids query (DeclareIDs)
+		names, out = "id", "src.id::text"
+	case 4:
 		names, out = names+", deleted", out+", src.deleted"
 	}
 	q := `DECLARE outboxd_backfill NO SCROLL CURSOR FOR

@@ -288,12 +288,14 @@ func (e *Source) StartRelayProcess(t *testing.T) (kill func()) {
 }
 
 // WaitBacklog waits until the relay acknowledged every event.
-func (e *Source) WaitBacklog(t *testing.T) {
+func (e *Source) WaitBacklog(t *testing.T) { waitBacklog(t, e.Pool, e.Schema) }
+
+func waitBacklog(t *testing.T, pool *pgxpool.Pool, schemaName string) {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		st, err := relay.CollectStats(ctx, e.Pool, e.Schema)
+		st, err := relay.CollectStats(ctx, pool, schemaName)
 		if err != nil {
 			t.Fatal(err)
 		}
