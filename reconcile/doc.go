@@ -16,4 +16,15 @@
 // grows with keys, not documents), then the query is streamed against
 // them in a READ ONLY transaction with a statement timeout. reconcile.go
 // finds the drift, fix.go appends the fixes.
+//
+// A definition-fed index (package documents) is compared with its
+// definition instead, and refuses a query (definition.go): the ids of its
+// ids query, then those the index shows and the query did not list, are
+// read from the definition in batches, each read at a version of its own
+// as the relay reads, and compared with the write index's copy fetched
+// after the read. Missing, stale (other content below the read's version)
+// and extra (no document, a live copy below the read's version) are fixed
+// by a refresh event each: the relay reads the id again, above every
+// earlier read, so the fix wins over the copy it replaces and never over a
+// newer one.
 package reconcile

@@ -10,6 +10,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/documents"
 	"github.com/outboxd/outboxd/internal/progress"
 	"github.com/outboxd/outboxd/internal/scan"
 	"github.com/outboxd/outboxd/internal/source"
@@ -44,6 +45,12 @@ type Options struct {
 	// document is NULL, or whose deleted column is true, means "deleted in
 	// the source at this version". Sources absent from the result are not
 	// in the source at all.
+	//
+	// Empty for a definition-fed index (package documents): its
+	// definition is the truth, compared document by document (see
+	// definition.go), and drift is fixed by refresh events. A
+	// definition-fed index refuses a SourceSQL, and an index without a
+	// definition needs one.
 	SourceSQL string
 	// VersionField, for legacy indexes only, names the document field that
 	// holds a document's version. Empty (the default) compares _version,
@@ -65,6 +72,8 @@ type Options struct {
 	// Batch is the number of fix events per transaction; 0 means 500.
 	Batch    int
 	Progress *progress.Bar
+
+	def *documents.Definition // the index's definition, looked up by Run
 }
 
 // DriftSample is one example of a drift.
@@ -160,6 +169,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err := opts.defaults(); err != nil {
 		return nil, err
 	}
+	if err := opts.lookup(ctx); err != nil {
+		return nil, err
+	}
 	ob, err := outbox.NewOutbox(opts.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("indexer: reconcile: %w", err)
@@ -179,11 +191,17 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	rep.IndexKeys = int64(len(states))
 
 	fx := &reconFixer{opts: opts, ob: ob, rep: rep}
-	if err := fx.source(ctx, states, writeIndex); err != nil {
-		return nil, err
-	}
-	if err := fx.extra(ctx, states); err != nil {
-		return nil, err
+	if opts.def != nil {
+		if err := fx.definition(ctx, states, writeIndex); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := fx.source(ctx, states, writeIndex); err != nil {
+			return nil, err
+		}
+		if err := fx.extra(ctx, states); err != nil {
+			return nil, err
+		}
 	}
 	if err := fx.flush(ctx); err != nil {
 		return nil, err
@@ -199,8 +217,6 @@ func (opts *Options) defaults() error {
 		return fmt.Errorf("indexer: reconcile: db: no PostgreSQL pool")
 	case opts.Index == "":
 		return fmt.Errorf("indexer: reconcile: index: must not be empty")
-	case strings.TrimSpace(opts.SourceSQL) == "":
-		return fmt.Errorf("indexer: reconcile: source_sql: must not be empty")
 	case strings.HasPrefix(opts.VersionField, "_"):
 		return fmt.Errorf("indexer: reconcile: version_field: %q is a metadata field; leave it empty to compare _version", opts.VersionField)
 	}
@@ -216,6 +232,31 @@ func (opts *Options) defaults() error {
 	if opts.Operator == "" {
 		opts.Operator = "outboxd reconcile"
 	}
+	return nil
+}
+
+// lookup finds Index's definition and refuses what cannot be compared: a
+// definition-fed index with a SourceSQL or a VersionField (its truth is
+// its definition, its versions those of reads), one without either, or a
+// definition without an ids query.
+func (opts *Options) lookup(ctx context.Context) error {
+	def, err := documents.Lookup(ctx, opts.DB, opts.Schema, opts.Index)
+	if err != nil {
+		return fmt.Errorf("indexer: reconcile: %w", err)
+	}
+	switch given := strings.TrimSpace(opts.SourceSQL) != ""; {
+	case def == nil && !given:
+		return fmt.Errorf("indexer: reconcile: source_sql: required: index %s has no document definition to compare it with (outboxd documents define --index %s), so the query returning the database's truth must be given", opts.Index, opts.Index)
+	case def != nil && given:
+		return fmt.Errorf("indexer: reconcile: source_sql: index %s is definition-fed: its definition is the truth it is compared with; leave source_sql out", opts.Index)
+	case def != nil && opts.VersionField != "":
+		return fmt.Errorf("indexer: reconcile: version_field: index %s is definition-fed: its versions are those of the definition's reads, in _version", opts.Index)
+	case def != nil:
+		if err := def.NeedIDs(); err != nil {
+			return fmt.Errorf("indexer: reconcile: %w", err)
+		}
+	}
+	opts.def = def
 	return nil
 }
 

@@ -22,7 +22,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	db := addDBFlags(fs)
 	es := addESFlags(fs)
 	index := fs.String("index", "", "write alias N (the events' index_name); every index behind it is scanned (required)")
-	sourceSQL := fs.String("source-sql", "", "query returning source_id, version, document[, deleted]; a NULL document or deleted=true means deleted in the source (required)")
+	sourceSQL := fs.String("source-sql", "", "query returning source_id, version, document[, deleted]; a NULL document or deleted=true means deleted in the source (required, unless N has a document definition: it is then the truth)")
 	sourceTimeout := fs.Duration("source-timeout", reconcile.DefaultSourceTimeout, "statement timeout of --source-sql, which runs in a READ ONLY transaction")
 	versionField := fs.String("version-field", "", "legacy indexes only: the document field holding the version (default: _version, which outboxd sets to the event's version)")
 	apply := fs.Bool("apply", false, "append fix events to the outbox (default: report only)")
@@ -31,6 +31,7 @@ func runReconcile(ctx context.Context, args []string) error {
 	operator := fs.String("operator", envOr("USER", "outboxd reconcile"), "operator recorded in <schema>.audit_log for --apply")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: outboxd reconcile --index N --source-sql "SELECT source_id, version, document FROM ..." [flags]
+       outboxd reconcile --index N [flags]   (N has a document definition)
 
 The source SQL runs in a READ ONLY transaction with --source-timeout as its
 statement_timeout. Versions are compared with each document's _version, which
@@ -53,6 +54,13 @@ for resurrected and at index _version + 1 for extra, upserts of the source's
 document at index _version + 1 for ahead. The relay delivers them.
 Drifts whose visible copy is not at _id = source_id need 'outboxd repair'.
 
+Without --source-sql, an index with a document definition is compared with
+it: every id of its ids query (and every id the index shows that the
+query did not list) is read from the definition in batches and compared
+with the index's copy: missing, stale (other content, older than the read)
+and extra (no document any more). --apply appends a refresh of each; the
+relay reads it again, at a version above every earlier read.
+
 Exit status: 0 no drift (or every drift fixed by --apply); 3 drift remains
 (for cron alerting).
 
@@ -66,8 +74,6 @@ Flags:
 	switch {
 	case *index == "":
 		return fmt.Errorf("index: required (--index N)")
-	case *sourceSQL == "":
-		return fmt.Errorf("source-sql: required (a query returning source_id, version, document)")
 	case *sourceTimeout <= 0:
 		return fmt.Errorf("source-timeout: must be > 0, got %s", *sourceTimeout)
 	case *sample < 0:
@@ -82,6 +88,9 @@ Flags:
 		return err
 	}
 	defer pool.Close()
+	if _, err := definitionSource(ctx, pool, db.schema, *index, *sourceSQL); err != nil {
+		return err
+	}
 	prog := progress.New("scan "+*index, 0, progress.Options{Logger: slog.Default()})
 	rep, err := reconcile.Run(ctx, reconcile.Options{
 		ES: client, DB: pool, Schema: db.schema, Index: *index, SourceSQL: *sourceSQL,

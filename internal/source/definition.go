@@ -79,9 +79,16 @@ type Definition struct {
 	Reads, Retried int
 }
 
-// NewDefinition reads the cursor DeclareIDs opened on tx in batches of o,
-// through reader.
+// NewDefinition reads the cursor DeclareIDs opened on tx in batches of o
+// (1000 ids and 8 MiB when not set), through reader. tx may be nil for
+// Read alone.
 func NewDefinition(tx pgx.Tx, reader *documents.Reader, o Query) *Definition {
+	if o.Batch <= 0 {
+		o.Batch = 1000
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 8 << 20
+	}
 	return &Definition{tx: tx, reader: reader, o: o}
 }
 
@@ -101,27 +108,47 @@ func (d *Definition) Next(ctx context.Context) (Batch, error) {
 		if len(ids) == 0 {
 			continue
 		}
-		res, err := d.read(ctx, ids)
-		if err != nil {
+		if err := d.add(ctx, ids, &b); err != nil {
 			return Batch{}, err
-		}
-		d.largest = 0
-		for _, id := range ids {
-			e := outbox.Event{IndexName: d.o.Index, SourceID: id, Version: res.Version, Op: outbox.OpDelete}
-			if reason, ok := res.Refused[id]; ok {
-				b.Rejected = append(b.Rejected, Reject{ID: id, Reason: reason})
-				continue
-			}
-			if doc, ok := res.Docs[id]; ok {
-				e.Op, e.Document = outbox.OpUpsert, doc
-				d.largest = max(d.largest, len(id)+len(doc))
-				b.Bytes += len(doc)
-			}
-			b.Bytes += len(id)
-			b.Events = append(b.Events, e)
 		}
 	}
 	return b, nil
+}
+
+// Read reads the documents of ids as events, as Next does for the ids of
+// the cursor: for reconcile, which also reads ids its ids query did not
+// list. Rows counts only the ids listed in the cursor, so it is 0 here.
+func (d *Definition) Read(ctx context.Context, ids []string) (Batch, error) {
+	var b Batch
+	err := d.add(ctx, ids, &b)
+	return b, err
+}
+
+// add reads ids from the definition and appends their events to b: an
+// upsert of each document returned, a delete for each id it no longer
+// returns, both at the read's version; an id it answered wrongly is
+// rejected.
+func (d *Definition) add(ctx context.Context, ids []string, b *Batch) error {
+	res, err := d.read(ctx, ids)
+	if err != nil {
+		return err
+	}
+	d.largest = 0
+	for _, id := range ids {
+		e := outbox.Event{IndexName: d.o.Index, SourceID: id, Version: res.Version, Op: outbox.OpDelete}
+		if reason, ok := res.Refused[id]; ok {
+			b.Rejected = append(b.Rejected, Reject{ID: id, Reason: reason})
+			continue
+		}
+		if doc, ok := res.Docs[id]; ok {
+			e.Op, e.Document = outbox.OpUpsert, doc
+			d.largest = max(d.largest, len(id)+len(doc))
+			b.Bytes += len(doc)
+		}
+		b.Bytes += len(id)
+		b.Events = append(b.Events, e)
+	}
+	return nil
 }
 
 // fetch reads the next n rows of the ids cursor: the distinct non-NULL

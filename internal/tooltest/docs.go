@@ -131,8 +131,9 @@ func (d *Docs) StartRelay(t *testing.T) (stop func()) {
 	return stop
 }
 
-// WaitBacklog waits until the relay acknowledged every event.
-func (d *Docs) WaitBacklog(t *testing.T) { waitBacklog(t, d.Pool, d.Schema) }
+// WaitBacklog waits until the relay runs its stream and has acknowledged
+// every event.
+func (d *Docs) WaitBacklog(t *testing.T) { waitBacklog(t, d.Pool, d.Schema, true) }
 
 // Expected is what the definition returns now for every tutorial.
 func (d *Docs) Expected(t testing.TB) map[string]json.RawMessage {
