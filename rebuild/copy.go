@@ -72,7 +72,11 @@ func (r *runner) copyAll(ctx context.Context, rep *Report) error {
 		}
 		// Opened after the checkpoints: anything the snapshot misses was
 		// written to the old index after them and is caught up.
-		rows, err := r.copySource(ctx, w, total)
+		copySource := r.copySource
+		if r.o.def != nil {
+			copySource = r.copyDefinition
+		}
+		rows, err := copySource(ctx, w, total)
 		if err != nil {
 			return w.abandon(err)
 		}

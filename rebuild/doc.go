@@ -1,6 +1,7 @@
 // Package rebuild moves an index name N to new mappings or settings while
 // the relay keeps writing: it fills the next concrete index (N-000002
-// after N-000001) from the current one or from a source query, and moves
+// after N-000001) from the current one or from a source query (for a
+// definition-fed index, its document definition: definition.go), and moves
 // N, N-write and N-read to it in one atomic _aliases request.
 //
 // Rebuild never deletes an index any of N, N-write, N-read points at:

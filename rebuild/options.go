@@ -12,6 +12,7 @@ import (
 	"github.com/elastic/go-elasticsearch/v8"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxd/outboxd/documents"
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/internal/progress"
 	"github.com/outboxd/outboxd/internal/source"
@@ -42,7 +43,10 @@ type Options struct {
 	// (SourceSQL, plus the current index's tombstones).
 	From string
 	// SourceSQL returns id, version, document and optionally a boolean
-	// deleted column, like backfill.Options.SourceSQL.
+	// deleted column, like backfill.Options.SourceSQL. Empty with
+	// from=source for a definition-fed index (package documents): the new
+	// index is filled from its definition, each batch at the version of
+	// its read (see definition.go); such an index refuses a SourceSQL.
 	SourceSQL string
 	// AcceptRejected swaps even when the new index refused documents.
 	AcceptRejected bool
@@ -65,6 +69,8 @@ type Options struct {
 	OutageTimeout time.Duration // how long Elasticsearch may be unreachable; default 5m
 	Progress      *progress.Bar
 	Logger        *slog.Logger // nil discards
+
+	def *documents.Definition // with from=source: the index's definition, looked up by Run
 }
 
 func (o *Options) defaults() error {
@@ -84,9 +90,7 @@ func (o *Options) defaults() error {
 			return errors.New("indexer: rebuild: source_sql: only used with from=source")
 		}
 	case "source":
-		if strings.TrimSpace(o.SourceSQL) == "" {
-			return errors.New("indexer: rebuild: source_sql: required with from=source")
-		}
+		// SourceSQL, or the index's definition: see lookup.
 	default:
 		return fmt.Errorf("indexer: rebuild: from: must be \"index\" or \"source\", got %q", o.From)
 	}
@@ -124,7 +128,11 @@ func (o *Options) defaults() error {
 // options does not continue a rebuild it did not start.
 func (o *Options) hash() string {
 	h := sha256.New()
-	for _, b := range [][]byte{o.Mappings, o.Settings, []byte(o.From), []byte(o.SourceSQL)} {
+	src := o.SourceSQL
+	if o.def != nil {
+		src = source.DefinitionHash(o.def)
+	}
+	for _, b := range [][]byte{o.Mappings, o.Settings, []byte(o.From), []byte(src)} {
 		fmt.Fprintf(h, "%d:", len(b))
 		h.Write(b)
 	}

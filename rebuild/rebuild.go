@@ -29,6 +29,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
+	if err := o.lookup(ctx); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	st, unlock, err := openStore(ctx, o.Pool, o.Schema, o.Index)
 	if err != nil {

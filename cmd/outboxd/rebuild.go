@@ -27,7 +27,7 @@ func runRebuild(ctx context.Context, args []string) error {
 	mappingsFile := fs.String("mappings", "", "JSON file with the new index's mappings (default: the current index's)")
 	settingsFile := fs.String("settings", "", "JSON file with the new index's settings (default: the current index's)")
 	from := fs.String("from", "index", `where the documents come from: "index" (the current index) or "source" (--source-sql)`)
-	sourceSQL := fs.String("source-sql", "", "with --from source: query returning id, version, document[, deleted]")
+	sourceSQL := fs.String("source-sql", "", "with --from source: query returning id, version, document[, deleted] (required, unless N has a document definition: the new index is then filled from it)")
 	acceptRejected := fs.Bool("accept-rejected", false, "swap even though the new index refused some documents")
 	keep := fs.Duration("keep", 0, "drop the old index this long after the swap, at a later rebuild or --drop-old (0: keep it until --drop-old)")
 	abort := fs.Bool("abort", false, "delete the half-built index of an unfinished rebuild instead")
@@ -52,6 +52,9 @@ given mappings and settings, fills it from the current index (or from
 writing, catches up with what was written meanwhile, and moves N, N-write
 and N-read to it in one atomic request. State is stored in
 <schema>.rebuilds: run the same command again after a crash to continue.
+With --from source and no --source-sql, an index with a document definition
+is filled from it, each document at the version of its read, so it orders
+with the relay's refreshes caught up from the old index.
 The old index is kept until --drop-old (or --keep). While the record of a
 rebuild names an index that is gone, the relay will not create an empty N
 in its place; --forget deletes that record (it refuses while an index it
@@ -107,6 +110,11 @@ Flags:
 		}
 		fmt.Printf("dropped %v\n", dropped)
 		return nil
+	}
+	if *from == "source" {
+		if _, err := definitionSource(ctx, pool, db.schema, *index, *sourceSQL); err != nil {
+			return err
+		}
 	}
 	o := rebuild.Options{
 		Pool: pool, Schema: db.schema, ES: client, Index: *index, From: *from, SourceSQL: *sourceSQL,
