@@ -133,7 +133,14 @@ func (d *Docs) StartRelay(t *testing.T) (stop func()) {
 
 // WaitBacklog waits until the relay runs its stream and has acknowledged
 // every event.
-func (d *Docs) WaitBacklog(t *testing.T) { waitBacklog(t, d.Pool, d.Schema, true) }
+func (d *Docs) WaitBacklog(t *testing.T) { WaitBacklog(t, d.Pool, d.Schema) }
+
+// WaitBacklog waits until a relay runs a stream of the outbox schema and
+// has acknowledged every event.
+func WaitBacklog(t *testing.T, pool *pgxpool.Pool, schemaName string) {
+	t.Helper()
+	waitBacklog(t, pool, schemaName, true)
+}
 
 // Expected is what the definition returns now for every tutorial.
 func (d *Docs) Expected(t testing.TB) map[string]json.RawMessage {

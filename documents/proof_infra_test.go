@@ -1,0 +1,248 @@
+package documents_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/schema/schematest"
+)
+
+// esProxy stands between the relay and Elasticsearch and drives the
+// proof's faults from the relay's own progress: it counts the relay's
+// bulk requests and, at the counts of the plan, asks for the relay to be
+// killed (the bulk request that reached it is forwarded after the kill,
+// as a write of a dead process that was already on the wire) or holds
+// every bulk request for stall (Elasticsearch not answering writes).
+type esProxy struct {
+	srv     *httptest.Server
+	target  string
+	client  *http.Client
+	bulks   atomic.Int64 // since the relay last started
+	total   atomic.Int64
+	kills   []int64 // bulk counts, per relay run, at which it is killed
+	stallAt int64   // the bulk count of the run after the second kill that starts the stall
+	stall   time.Duration
+
+	mu       sync.Mutex
+	run      int       // relay runs started before this one
+	until    time.Time // bulk requests wait until then
+	stalled  int
+	killReq  chan struct{} // to the test: kill the relay now
+	killDone chan struct{} // from the test: killed
+	noKills  chan struct{} // closed when the test kills no more
+}
+
+func newESProxy(t *testing.T, target string, kills []int64, stallAt int64, stall time.Duration) *esProxy {
+	p := &esProxy{target: strings.TrimRight(target, "/"), client: &http.Client{Timeout: 2 * time.Minute},
+		kills: kills, stallAt: stallAt, stall: stall, killReq: make(chan struct{}), killDone: make(chan struct{}), noKills: make(chan struct{})}
+	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *esProxy) serve(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return
+	}
+	if strings.HasSuffix(r.URL.Path, "/_bulk") {
+		p.total.Add(1)
+		n := p.bulks.Add(1)
+		p.mu.Lock()
+		run := p.run
+		if run == 2 && n == p.stallAt {
+			p.until = time.Now().Add(p.stall)
+			p.stalled++
+		}
+		until := p.until
+		kill := run < len(p.kills) && n == p.kills[run]
+		p.mu.Unlock()
+		time.Sleep(time.Until(until))
+		if kill {
+			select {
+			case p.killReq <- struct{}{}:
+				<-p.killDone
+			case <-p.noKills:
+			}
+		}
+	}
+	// Sent on with a context of its own: a request whose relay was killed
+	// still reaches Elasticsearch.
+	req, err := http.NewRequestWithContext(context.Background(), r.Method, p.target+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	req.Header = r.Header.Clone()
+	res, err := p.client.Do(req)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer res.Body.Close()
+	for k, v := range res.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(res.StatusCode)
+	_, _ = io.Copy(w, res.Body)
+}
+
+// stopKilling tells the proxy the test asks for no more kills.
+func (p *esProxy) stopKilling() { close(p.noKills) }
+
+// restarted counts a new relay run.
+func (p *esProxy) restarted() {
+	p.mu.Lock()
+	p.run++
+	p.mu.Unlock()
+	p.bulks.Store(0)
+}
+
+// relayProcess is `outboxd relay` run as a child process, its output in
+// the test's temporary directory.
+type relayProcess struct {
+	cmd  *exec.Cmd
+	logs *os.File
+}
+
+// buildOutboxd builds the binary the proof runs.
+func buildOutboxd(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "outboxd")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outboxd/cmd/outboxd").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func startRelayProcess(t *testing.T, bin, schemaName, esURL string, run int) *relayProcess {
+	t.Helper()
+	logs, err := os.Create(filepath.Join(t.TempDir(), fmt.Sprintf("relay-%d.log", run)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", schemaName,
+		"--elasticsearch-url", esURL, "--admin-addr", "", "--lease-interval", "100ms",
+		"--retention-schedule", "", "--tombstone-purge-schedule", "")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return &relayProcess{cmd: cmd, logs: logs}
+}
+
+// kill SIGKILLs the relay; again is a no-op.
+func (r *relayProcess) kill() {
+	if r.cmd.ProcessState == nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.logs.Close()
+	}
+}
+
+// poller reads random documents through the name N, as a reader of the
+// index would, and records any that went back to an older state than one
+// it read before: a counter lower than seen, or a document back with the
+// counter it had before a delete was seen.
+type poller struct {
+	ids         []string
+	done        chan struct{}
+	wg          sync.WaitGroup
+	reads, gone atomic.Int64
+	mu          sync.Mutex
+	regressions []string
+	errors      atomic.Int64
+}
+
+type seen struct {
+	bump, lookupBump int64
+	deletedAfter     bool // a delete was read after the highest bump
+}
+
+func startPoller(t *testing.T, es string, name string, n int) *poller {
+	t.Helper()
+	p := &poller{done: make(chan struct{})}
+	rnd := rand.New(rand.NewPCG(5, 5))
+	for range n {
+		p.ids = append(p.ids, fmt.Sprint(1+rnd.IntN(proofParents)))
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	state := map[string]*seen{}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-p.done:
+				return
+			default:
+			}
+			id := p.ids[i%len(p.ids)]
+			res, err := client.Get(es + "/" + name + "/_doc/" + id)
+			if err != nil {
+				p.errors.Add(1)
+				continue
+			}
+			var d struct {
+				Found  bool `json:"found"`
+				Source struct {
+					Bump       *int64 `json:"bump"`
+					LookupBump *int64 `json:"lookup_bump"`
+					Deleted    bool   `json:"outboxd_deleted"`
+				} `json:"_source"`
+			}
+			err = json.NewDecoder(res.Body).Decode(&d)
+			res.Body.Close()
+			if err != nil {
+				p.errors.Add(1)
+				continue
+			}
+			p.reads.Add(1)
+			s := state[id]
+			live := d.Found && !d.Source.Deleted && d.Source.Bump != nil && d.Source.LookupBump != nil
+			switch {
+			case !live && s != nil:
+				s.deletedAfter = true
+				p.gone.Add(1)
+			case !live:
+			case s == nil:
+				state[id] = &seen{bump: *d.Source.Bump, lookupBump: *d.Source.LookupBump}
+			default:
+				b, l := *d.Source.Bump, *d.Source.LookupBump
+				if b < s.bump || l < s.lookupBump || (s.deletedAfter && b <= s.bump) {
+					p.mu.Lock()
+					p.regressions = append(p.regressions, fmt.Sprintf("parent %s: read bump %d lookup_bump %d after bump %d lookup_bump %d (deleted since: %t)", id, b, l, s.bump, s.lookupBump, s.deletedAfter))
+					p.mu.Unlock()
+				}
+				if b > s.bump {
+					s.bump, s.deletedAfter = b, false
+				}
+				s.lookupBump = max(s.lookupBump, l)
+			}
+		}
+	}()
+	return p
+}
+
+func (p *poller) stop() {
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+	p.wg.Wait()
+}
