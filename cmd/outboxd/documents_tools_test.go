@@ -45,7 +45,9 @@ FROM `+id+`.tutorials t JOIN `+id+`.authors a ON a.id = t.author_id WHERE t.id::
 	if err := os.WriteFile(spec, []byte(`{"settings":{"index":{"number_of_shards":1,"number_of_replicas":0}}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	with := func(args ...string) []string { return append(append([]string{"--elasticsearch-url", url}, args...), e.dbArgs...) }
+	with := func(args ...string) []string {
+		return append(append([]string{"--elasticsearch-url", url}, args...), e.dbArgs...)
+	}
 
 	// Not defined yet: each tool names --source-sql and says why.
 	for tool, run := range map[string]func() error{
