@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -155,14 +156,16 @@ func (r *relayProcess) kill() {
 }
 
 // poller reads random documents through the name N, as a reader of the
-// index would, and records any that went back to an older state than one
-// it read before: a counter lower than seen, or a document back with the
-// counter it had before a delete was seen.
+// index would (all its ids in one _mget, again and again), and records any
+// that went back to an older state than one it read before: a counter
+// lower than seen, or a document back with the counter it had before a
+// delete was seen.
 type poller struct {
 	ids         []string
 	done        chan struct{}
 	wg          sync.WaitGroup
-	reads, gone atomic.Int64
+	reads, gone atomic.Int64 // documents read; of them, deleted ones
+	requests    atomic.Int64
 	mu          sync.Mutex
 	regressions []string
 	errors      atomic.Int64
@@ -177,65 +180,87 @@ func startPoller(t *testing.T, es string, name string, n int) *poller {
 	t.Helper()
 	p := &poller{done: make(chan struct{})}
 	rnd := rand.New(rand.NewPCG(5, 5))
-	for range n {
-		p.ids = append(p.ids, fmt.Sprint(1+rnd.IntN(proofParents)))
+	for len(p.ids) < n {
+		if id := fmt.Sprint(1 + rnd.IntN(proofParents)); !slices.Contains(p.ids, id) {
+			p.ids = append(p.ids, id)
+		}
 	}
+	body, _ := json.Marshal(map[string]any{"ids": p.ids})
 	client := &http.Client{Timeout: 30 * time.Second}
 	state := map[string]*seen{}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		for i := 0; ; i++ {
+		for {
 			select {
 			case <-p.done:
 				return
 			default:
 			}
-			id := p.ids[i%len(p.ids)]
-			res, err := client.Get(es + "/" + name + "/_doc/" + id)
+			docs, err := mget(client, es+"/"+name+"/_mget?realtime=true", body)
+			p.requests.Add(1)
 			if err != nil {
 				p.errors.Add(1)
+				time.Sleep(10 * time.Millisecond)
 				continue
 			}
-			var d struct {
-				Found  bool `json:"found"`
-				Source struct {
-					Bump       *int64 `json:"bump"`
-					LookupBump *int64 `json:"lookup_bump"`
-					Deleted    bool   `json:"outboxd_deleted"`
-				} `json:"_source"`
-			}
-			err = json.NewDecoder(res.Body).Decode(&d)
-			res.Body.Close()
-			if err != nil {
-				p.errors.Add(1)
-				continue
-			}
-			p.reads.Add(1)
-			s := state[id]
-			live := d.Found && !d.Source.Deleted && d.Source.Bump != nil && d.Source.LookupBump != nil
-			switch {
-			case !live && s != nil:
-				s.deletedAfter = true
-				p.gone.Add(1)
-			case !live:
-			case s == nil:
-				state[id] = &seen{bump: *d.Source.Bump, lookupBump: *d.Source.LookupBump}
-			default:
-				b, l := *d.Source.Bump, *d.Source.LookupBump
-				if b < s.bump || l < s.lookupBump || (s.deletedAfter && b <= s.bump) {
-					p.mu.Lock()
-					p.regressions = append(p.regressions, fmt.Sprintf("parent %s: read bump %d lookup_bump %d after bump %d lookup_bump %d (deleted since: %t)", id, b, l, s.bump, s.lookupBump, s.deletedAfter))
-					p.mu.Unlock()
-				}
-				if b > s.bump {
-					s.bump, s.deletedAfter = b, false
-				}
-				s.lookupBump = max(s.lookupBump, l)
+			for _, d := range docs {
+				p.check(state, d)
 			}
 		}
 	}()
 	return p
+}
+
+type polled struct {
+	ID     string `json:"_id"`
+	Found  bool   `json:"found"`
+	Source struct {
+		Bump       *int64 `json:"bump"`
+		LookupBump *int64 `json:"lookup_bump"`
+		Deleted    bool   `json:"outboxd_deleted"`
+	} `json:"_source"`
+}
+
+func mget(client *http.Client, url string, body []byte) ([]polled, error) {
+	res, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("mget: %s", res.Status)
+	}
+	var r struct {
+		Docs []polled `json:"docs"`
+	}
+	err = json.NewDecoder(res.Body).Decode(&r)
+	return r.Docs, err
+}
+
+func (p *poller) check(state map[string]*seen, d polled) {
+	p.reads.Add(1)
+	s := state[d.ID]
+	live := d.Found && !d.Source.Deleted && d.Source.Bump != nil && d.Source.LookupBump != nil
+	switch {
+	case !live && s != nil:
+		s.deletedAfter = true
+		p.gone.Add(1)
+	case !live:
+	case s == nil:
+		state[d.ID] = &seen{bump: *d.Source.Bump, lookupBump: *d.Source.LookupBump}
+	default:
+		b, l := *d.Source.Bump, *d.Source.LookupBump
+		if b < s.bump || l < s.lookupBump || (s.deletedAfter && b <= s.bump) {
+			p.mu.Lock()
+			p.regressions = append(p.regressions, fmt.Sprintf("parent %s: read bump %d lookup_bump %d after bump %d lookup_bump %d (deleted since: %t)", d.ID, b, l, s.bump, s.lookupBump, s.deletedAfter))
+			p.mu.Unlock()
+		}
+		if b > s.bump {
+			s.bump, s.deletedAfter = b, false
+		}
+		s.lookupBump = max(s.lookupBump, l)
+	}
 }
 
 func (p *poller) stop() {
