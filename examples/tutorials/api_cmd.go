@@ -28,6 +28,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (or $OUTBOXD_API_ADDR); loopback by default: X-User-ID is trusted as is")
 	tables := fs.String("tutorials-schema", DefaultSchema, "schema of the tutorials and idempotency_keys tables, created at start")
 	index := fs.String("index", DefaultIndex, "index_name of the events; search reads <index> (or $OUTBOXD_TUTORIALS_INDEX)")
+	cards := fs.String("cards-index", DefaultCardsIndex, "definition-fed index of tutorial cards (author names joined in), declared at start (or $OUTBOXD_TUTORIALS_CARDS_INDEX); empty declares none")
 	ttl := fs.Duration("key-ttl", DefaultKeyTTL, "how long idempotency keys are remembered")
 	lease := fs.Duration("key-lease", DefaultLease, "how long a PROCESSING key is protected before a retry may take it over")
 	schedule := fs.String("key-cleanup-schedule", DefaultCleanupSchedule, "cron schedule of the expired-key job, e.g. '@every 10m' or '0 * * * *'")
@@ -69,6 +70,11 @@ func runExampleAPI(ctx context.Context, args []string) error {
 	if err := Migrate(ctx, pool, *tables); err != nil {
 		return err
 	}
+	if *cards != "" {
+		if err := DeclareCards(ctx, pool, *tables, db.schema, *cards, "tutorials api"); err != nil {
+			return err
+		}
+	}
 	client, err := es.client()
 	if err != nil {
 		return err
@@ -81,6 +87,7 @@ func runExampleAPI(ctx context.Context, args []string) error {
 		Schema:        *tables,
 		OutboxSchema:  db.schema,
 		Index:         *index,
+		CardsIndex:    *cards,
 		Elasticsearch: client,
 		KeyTTL:        *ttl,
 		Lease:         *lease,

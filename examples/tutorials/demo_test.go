@@ -11,20 +11,22 @@ import (
 func TestRunDemo(t *testing.T) {
 	t.Parallel()
 
-	t.Run("the scripted client sees search converge once events are delivered", func(t *testing.T) {
+	t.Run("the scripted client sees search converge once events are delivered, and an author rename reach the cards", func(t *testing.T) {
 		t.Parallel()
-		env := setupIndex(t)
+		env := setupCards(t)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		// A stand-in for the relay: redeliver the whole outbox every 200ms.
-		// Redelivery is harmless, which is the point of the versioned sink.
+		// A stand-in for the relay: redeliver the whole outbox every 200ms,
+		// through the documents sink as the relay does (refreshes become
+		// the cards their definition returns now). Redelivery is harmless,
+		// which is the point of the versioned sink.
 		pumped := make(chan struct{})
 		go func() {
 			defer close(pumped)
 			for ctx.Err() == nil {
 				events, err := env.readEvents(ctx)
 				if err == nil && len(events) > 0 {
-					_, err = env.sink.Write(ctx, events)
+					_, err = env.docs.Write(ctx, events)
 				}
 				if err != nil && ctx.Err() == nil {
 					t.Errorf("pump: %v", err)
@@ -43,7 +45,8 @@ func TestRunDemo(t *testing.T) {
 		if err != nil {
 			t.Fatalf("demo: %v\n%s", err, out.String())
 		}
-		for _, want := range []string{"created 8 tutorials", "search converged: 6 documents", "(edited)", "outboxd_idempotency_key_hits_total"} {
+		for _, want := range []string{"created 8 tutorials", "search converged: 6 documents", "(edited)", "outboxd_idempotency_key_hits_total",
+			"named author demo-user", "author rename reached all 6 of this run's tutorials in the cards index"} {
 			if !strings.Contains(out.String(), want) {
 				t.Fatalf("demo output lacks %q:\n%s", want, out.String())
 			}

@@ -14,6 +14,8 @@
 //	DELETE /api/tutorials/{id}                                            -> 200 {"id","deleted","version"}
 //	GET    /api/tutorials/{id}   from PostgreSQL                          -> 200 | 404
 //	GET    /api/search?q=&size=  from the Elasticsearch alias <index> (tombstones filtered)
+//	PUT    /api/authors/{id}     {"name"}: an author names themselves     -> 200 {"id","name"}
+//	GET    /api/authors/{id}/tutorials  the author's cards (cards index)  -> 200
 //	GET    /metrics, /healthz
 //
 // Writes need two headers. X-User-ID names the caller (401 without it);
@@ -62,6 +64,16 @@
 // defence: request_id defaults to the Idempotency-Key, and a create that
 // collides with an existing request_id (another key, same request_id)
 // returns the existing record with 200 and writes nothing.
+//
+// # Cards: documents from several tables
+//
+// Beside the event-fed index, the API declares (at start, DeclareCards) a
+// definition-fed one, tutorial-cards by default: SQL joining tutorials and
+// authors, and watches on both tables. It appends nothing for it. A write
+// to tutorials, or a rename in authors, makes the watches append refresh
+// events in the same transaction, and the relay reads the affected cards
+// again (every tutorial of a renamed author), at versions that order the
+// reads. See cards.go.
 //
 // # Versions
 //

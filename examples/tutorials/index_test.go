@@ -27,17 +27,17 @@ type indexEnv struct {
 	index string
 }
 
-func setupIndex(t *testing.T) *indexEnv {
+func setupIndex(t *testing.T, configure ...func(*Config)) *indexEnv {
 	t.Helper()
 	es, err := indexer.NewClient(indexer.ClientConfig{Addresses: []string{schematest.ElasticsearchURL(t)}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	index := schematest.Name("tut-")
-	env := setup(t, func(c *Config) {
+	env := setup(t, append([]func(*Config){func(c *Config) {
 		c.Index = index
 		c.Elasticsearch = es
-	})
+	}}, configure...)...)
 	t.Cleanup(func() {
 		// Deleting the one concrete index removes both aliases with it.
 		res, err := es.Indices.Delete([]string{indexer.FirstIndex(index)}, es.Indices.Delete.WithIgnoreUnavailable(true))
@@ -65,7 +65,7 @@ func (e *indexEnv) outboxEvents(t *testing.T) []outbox.Event {
 }
 
 func (e *indexEnv) readEvents(ctx context.Context) ([]outbox.Event, error) {
-	rows, err := e.pool.Query(ctx, `SELECT id, index_name, source_id, version, op, document, coalesce(event_type, '')
+	rows, err := e.pool.Query(ctx, `SELECT id, index_name, source_id, version, op, document, coalesce(event_type, ''), headers
 		FROM "`+e.outbox+`".events ORDER BY id`)
 	if err != nil {
 		return nil, err
@@ -76,7 +76,7 @@ func (e *indexEnv) readEvents(ctx context.Context) ([]outbox.Event, error) {
 		var ev outbox.Event
 		var op string
 		var doc []byte
-		if err := rows.Scan(&ev.ID, &ev.IndexName, &ev.SourceID, &ev.Version, &op, &doc, &ev.EventType); err != nil {
+		if err := rows.Scan(&ev.ID, &ev.IndexName, &ev.SourceID, &ev.Version, &op, &doc, &ev.EventType, &ev.Headers); err != nil {
 			return nil, err
 		}
 		ev.Op, ev.Document = outbox.Op(op), doc

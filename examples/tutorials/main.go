@@ -132,6 +132,7 @@ var envAliases = map[string]string{
 	"elasticsearch-url": "ELASTICSEARCH_URL",
 	"api addr":          "OUTBOXD_API_ADDR",
 	"api index":         "OUTBOXD_TUTORIALS_INDEX",
+	"api cards-index":   "OUTBOXD_TUTORIALS_CARDS_INDEX",
 	"demo api":          "OUTBOXD_API_URL",
 }
 

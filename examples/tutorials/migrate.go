@@ -2,14 +2,14 @@ package main
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"fmt"
 
 	"github.com/outboxd/outboxd/schema"
 )
 
-//go:embed migrations/0001_tutorials.sql
-var migrationSQL string
+//go:embed migrations/0001_tutorials.sql migrations/0002_authors.sql
+var migrationFiles embed.FS
 
 // DefaultSchema holds the example service's tables unless told otherwise.
 const DefaultSchema = "tutorials"
@@ -18,9 +18,17 @@ const DefaultSchema = "tutorials"
 // again and concurrently: the DDL is idempotent and serialized by an
 // advisory lock per schema.
 func Migrate(ctx context.Context, db schema.Execer, schemaName string) error {
-	sql, err := schema.Render(migrationSQL, schemaName)
-	if err != nil {
-		return err
+	var sql string
+	for _, f := range []string{"migrations/0001_tutorials.sql", "migrations/0002_authors.sql"} {
+		b, err := migrationFiles.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		s, err := schema.Render(string(b), schemaName)
+		if err != nil {
+			return err
+		}
+		sql += s + "\n"
 	}
 	id, _ := schema.Ident(schemaName)
 	tx, err := db.Begin(ctx)

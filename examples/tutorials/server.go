@@ -58,6 +58,10 @@ type Config struct {
 	// WebhookPreviousSecret is also accepted while the sender rotates.
 	WebhookSecret         []byte
 	WebhookPreviousSecret []byte
+	// CardsIndex is the definition-fed index of tutorial cards (cards.go)
+	// that GET /api/authors/{id}/tutorials reads; empty answers it 503.
+	// DeclareCards declares it.
+	CardsIndex string
 	// Notify names the webhook destination that hears of every new
 	// tutorial ("tutorial-created:<id>"), appended in the creating
 	// transaction; empty sends nothing.
@@ -80,6 +84,9 @@ type Server struct {
 	log     *slog.Logger
 	handler http.Handler
 	read    time.Duration
+
+	authors string // quoted schema.authors
+	cards   string // the cards index, "" when not configured
 
 	notifications string         // quoted schema.notifications
 	senders       []inbox.Sender // empty: POST /api/webhooks is disabled
@@ -146,6 +153,9 @@ func New(cfg Config) (*Server, error) {
 		read:        cfg.ReadTimeout,
 		afterCommit: cfg.afterCommit,
 
+		authors: id + ".authors",
+		cards:   cfg.CardsIndex,
+
 		notifications: id + ".notifications",
 		senders:       webhookSenders(cfg),
 		notify:        cfg.Notify,
@@ -156,6 +166,8 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("DELETE /api/tutorials/{id}", s.remove)
 	mux.HandleFunc("GET /api/tutorials/{id}", s.get)
 	mux.HandleFunc("GET /api/search", s.search)
+	mux.HandleFunc("PUT /api/authors/{id}", s.putAuthor)
+	mux.HandleFunc("GET /api/authors/{id}/tutorials", s.authorTutorials)
 	// The path's last segment is accepted for older senders and ignored:
 	// the source is the sender whose secret verifies the request.
 	mux.HandleFunc("POST /api/webhooks", s.receive)
