@@ -49,6 +49,9 @@ func refresh(index, id string) []outbox.Event {
 	return []outbox.Event{{ID: 1, IndexName: index, SourceID: id, Version: 1, Op: outbox.OpRefresh, EventType: "refresh"}}
 }
 
+// README, "Documents from several tables": backfill without --source-sql loads
+// every document of the definition, resumably, each batch at the version of its
+// read, so it loses to a refresh read after it and wins over one read before.
 func TestBackfillDefinition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

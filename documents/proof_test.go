@@ -16,6 +16,8 @@ import (
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
+// README, "Documents from several tables": the proof and its figures.
+//
 // TestProof is the proof that a definition-fed index stays exactly in
 // step with three tables under every kind of change, relay crashes and an
 // Elasticsearch stall: 8 writers change parents, children (added,

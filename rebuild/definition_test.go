@@ -15,6 +15,8 @@ import (
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
+// README, "Documents from several tables": rebuild --from source fills the new
+// index from the definition.
 func TestRebuildDefinition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -16,6 +16,8 @@ import (
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
+// README, "Documents from several tables": reconcile without --source-sql takes
+// the definition as the truth, and --apply fixes drift with refreshes.
 func TestReconcileDefinition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
