@@ -14,9 +14,18 @@ import (
 // when the registry has no such series.
 func series(t *testing.T, g prometheus.Gatherer, name string, labels ...string) (v float64, ok bool) {
 	t.Helper()
-	mfs, err := g.Gather()
+	v, ok, err := gather(g, name, labels...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return v, ok
+}
+
+// gather is series for a goroutine other than the test's.
+func gather(g prometheus.Gatherer, name string, labels ...string) (v float64, ok bool, err error) {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0, false, err
 	}
 	for _, mf := range mfs {
 		if mf.GetName() != name {
@@ -34,12 +43,12 @@ func series(t *testing.T, g prometheus.Gatherer, name string, labels ...string) 
 				}
 			}
 			if c := m.GetCounter(); c != nil {
-				return c.GetValue(), true
+				return c.GetValue(), true, nil
 			}
-			return m.GetGauge().GetValue(), true
+			return m.GetGauge().GetValue(), true, nil
 		}
 	}
-	return 0, false
+	return 0, false, nil
 }
 
 // records are the JSON log records in text (one slog.JSONHandler record
