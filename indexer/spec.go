@@ -25,7 +25,7 @@ func CheckIndexSpec(ctx context.Context, es *elasticsearch.Client, spec []byte) 
 	raw, err := perform(ctx, es, "check index spec", esapi.IndicesSimulateTemplateRequest{Body: bytes.NewReader(tmpl), FilterPath: []string{"template.settings.index.number_of_shards"}})
 	var re *ResponseError
 	if errors.As(err, &re) && re.Status == 400 {
-		return fmt.Errorf("indexer: index spec: Elasticsearch refuses it: %s", innermost(raw, re))
+		return &IndexSpecError{Reason: innermost(raw, re), Response: re}
 	}
 	return err
 }

@@ -124,6 +124,7 @@ func TestNoOutputCarriesASecret(t *testing.T) {
 		{"relay", "--database-url", argDatabaseURL, "--admin-token", "sEcret-admin-arg", "--admin-addr", ""},
 		{"relay", "--admin-addr", ""},
 		{"migrate"},
+		{"check", "--admin-token", "sEcret-admin-arg", "--destination", "hook=https://hooks.internal/sEcret-api,secret_env=OUTBOXD_ADMIN_TOKEN"},
 		{"status"},
 		{"deadletters", "list"},
 		{"reconcile", "--index", "x", "--source-sql", "SELECT 1"},
