@@ -56,6 +56,8 @@ type Config struct {
 	// Logger receives the relay's own lines; nil discards them (a library
 	// never logs on its own; cmd/outboxd passes its logger).
 	Logger *slog.Logger
+
+	afterRead func(*position) // tests only: see export_test.go
 }
 
 func (c *Config) setDefaults() {

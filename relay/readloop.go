@@ -21,7 +21,8 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	for {
 		p, err := rd.next(ctx)
 		var fatal *PositionError
-		if errors.As(err, &fatal) {
+		var changed *serverChangedError
+		if errors.As(err, &fatal) || errors.As(err, &changed) {
 			select {
 			case out <- page{err: err}:
 			case <-ctx.Done():

@@ -48,7 +48,7 @@ func (w *streamWriter) run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: cfg.MaxBatchBytes, pos: w.acked}
+	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: cfg.MaxBatchBytes, pos: w.acked, ledFrom: w.acked.done.Xmax, afterRead: cfg.afterRead}
 	readCtx, stopReading := context.WithCancel(ctx)
 	defer stopReading()
 	pages := make(chan page, cfg.Prefetch)
@@ -125,6 +125,12 @@ func (w *streamWriter) run(ctx context.Context) error {
 		case p, ok := <-in:
 			if !ok {
 				return w.drain(context.WithoutCancel(ctx), queue)
+			}
+			var changed *serverChangedError
+			if errors.As(p.err, &changed) {
+				// Nothing read since the last store is trusted: what is in
+				// flight finishes (deferred above) but is not acknowledged.
+				return p.err
 			}
 			if p.err != nil {
 				w.r.log.Error("relay: stopping the stream", "stream", name, "err", p.err)
