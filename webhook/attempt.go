@@ -22,8 +22,10 @@ const maxRetryAfter = 10 * time.Minute
 // while its next attempt would start within inline of its first one here;
 // otherwise it is parked as retrying, due after its backoff (at least the
 // receiver's Retry-After), and the outcome acknowledges it: the row owns
-// it from then on. Lead passes inline 0, so that a parked message makes
-// one attempt each time it is due.
+// it from then on. A transient check error runs the check again under
+// the same rule, with no request charged; its runs count towards
+// MaxAttempts, across parks too (ent.checkRuns). Lead passes inline 0,
+// so that a parked message makes one attempt each time it is due.
 func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time.Duration) outbox.Outcome {
 	name, key := s.dest.Name, e.SourceID
 	done := context.WithoutCancel(ctx) // what was sent is always recorded
@@ -36,7 +38,8 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 		}
 	}
 	began := time.Now()
-	checkTries, unsent := 0, 0
+	// A parked message brings the runs of its check that erred before.
+	checkTries, unsent := ent.checkRuns, 0
 	for {
 		if err := s.limit.wait(ctx); err != nil {
 			return outage(errShutdown)
@@ -46,12 +49,20 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 			var pgErr *pgconn.PgError
 			switch {
 			case errors.As(err, &pgErr) && transientSQLState(pgErr.Code) && checkTries+1 < s.dest.MaxAttempts:
-				// Says nothing about this message: run the check again.
+				// Says nothing about this message: run the check again,
+				// under the rule of a request sent again (in line only
+				// within inline of the first try, else parked), so that a
+				// check that keeps erring never holds its page longer
+				// than a receiver that keeps refusing.
 				checkTries++
 				s.log.Warn("webhook: check failed for a passing reason; running it again", "destination", name, "dedupe_key", key,
 					"sqlstate", pgErr.Code, "err", pgErr.Message)
+				wait := checkRetryWait(s.dest, checkTries-1)
+				if time.Since(began)+wait > inline {
+					return s.park(done, e, ent, wait, attempt{reason: checkRetryReason(checkTries, s.dest.MaxAttempts, pgErr)})
+				}
 				select {
-				case <-time.After(checkRetryWait(s.dest, checkTries-1)):
+				case <-time.After(wait):
 				case <-ctx.Done():
 					return outage(errShutdown)
 				}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -189,4 +190,31 @@ func transientSQLState(code string) bool {
 // check runs again.
 func checkRetryWait(d Destination, tries int) time.Duration {
 	return backoff(d.BackoffBase, d.BackoffMax, tries)
+}
+
+// checkRetryReason is the last_error of a message parked by a transient
+// check error: it tells an operator why, and holds how many runs of the
+// check have erred, which count towards MaxAttempts when the parked
+// message's check runs again (see checkRunsOf). The ledger has no column
+// of its own for them.
+func checkRetryReason(runs, limit int, pgErr *pgconn.PgError) string {
+	return fmt.Sprintf("%s%d of %d: %s (SQLSTATE %s); it runs again when due", checkRunPrefix, runs, limit, pgErr.Message, pgErr.Code)
+}
+
+const checkRunPrefix = "check run "
+
+// checkRunsOf reads the runs of the check that erred from a parked row's
+// last_error as checkRetryReason wrote it; 0 for any other (the row was
+// parked by a request's answer: its check has not erred since).
+func checkRunsOf(lastError string) int {
+	rest, ok := strings.CutPrefix(lastError, checkRunPrefix)
+	if !ok {
+		return 0
+	}
+	num, _, _ := strings.Cut(rest, " ")
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }

@@ -40,6 +40,7 @@ type entry struct {
 	inFlight  bool
 	uncertain bool
 	conflict  bool // this message has the key of another with a different payload
+	checkRuns int  // of a parked row: the runs of its check that erred (see checkRunsOf)
 }
 
 // reserve inserts the (destination, key) row for message id, or finds the
