@@ -14,7 +14,7 @@ import (
 const (
 	StateReserved  = "reserved"  // owned by one message, being delivered
 	StateDelivered = "delivered" // the receiver answered 2xx
-	StateFailed    = "failed"    // the receiver refused it (4xx), or retries ran out
+	StateFailed    = "failed"    // the receiver refused it (4xx), retries ran out, or its check erred
 	StateSkipped   = "skipped"   // the eligibility check said no; nothing was sent
 	StateUnknown   = "unknown"   // it may or may not have been received: an operator decides
 	// A retry is due at next_attempt_at: the message used up its in-line
