@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -193,28 +192,8 @@ func checkRetryWait(d Destination, tries int) time.Duration {
 }
 
 // checkRetryReason is the last_error of a message parked by a transient
-// check error: it tells an operator why, and holds how many runs of the
-// check have erred, which count towards MaxAttempts when the parked
-// message's check runs again (see checkRunsOf). The ledger has no column
-// of its own for them.
+// check error, for an operator to read: the count itself is the row's
+// check_runs, never parsed back from this text.
 func checkRetryReason(runs, limit int, pgErr *pgconn.PgError) string {
-	return fmt.Sprintf("%s%d of %d: %s (SQLSTATE %s); it runs again when due", checkRunPrefix, runs, limit, pgErr.Message, pgErr.Code)
-}
-
-const checkRunPrefix = "check run "
-
-// checkRunsOf reads the runs of the check that erred from a parked row's
-// last_error as checkRetryReason wrote it; 0 for any other (the row was
-// parked by a request's answer: its check has not erred since).
-func checkRunsOf(lastError string) int {
-	rest, ok := strings.CutPrefix(lastError, checkRunPrefix)
-	if !ok {
-		return 0
-	}
-	num, _, _ := strings.Cut(rest, " ")
-	n, err := strconv.Atoi(num)
-	if err != nil || n < 0 {
-		return 0
-	}
-	return n
+	return fmt.Sprintf("check run %d of %d: %s (SQLSTATE %s); it runs again when due", runs, limit, pgErr.Message, pgErr.Code)
 }

@@ -42,9 +42,11 @@
 // ONLY with a statement timeout; false marks the message skipped without
 // a request. A transient error of it (transientSQLState) runs it again
 // under the retry rule below, in line or parked, charging no attempt; its
-// runs count towards MaxAttempts (a parked row carries them in its
-// last_error), so a check that errs on every one fails the message with
-// its error, as any other error of it does at once. A relay's shutdown never
+// runs in a row count towards MaxAttempts (a parked row carries them in
+// its check_runs column, written in the UPDATE that parks it; they start
+// again from 0 when the check passes or an operator sends the message
+// again), so a check that errs on every one fails the message with its
+// error, as any other error of it does at once. A relay's shutdown never
 // cuts a request short (that would make its outcome unknown): requests
 // run to their own timeout.
 //

@@ -1,10 +1,6 @@
 package webhook
 
-import (
-	"testing"
-
-	"github.com/jackc/pgx/v5/pgconn"
-)
+import "testing"
 
 // TestTransientSQLState: the check errors that say nothing about the
 // message (run the check again) and those that will recur for it (fail
@@ -30,24 +26,6 @@ func TestTransientSQLState(t *testing.T) {
 	} {
 		if got := transientSQLState(code); got != want {
 			t.Errorf("transientSQLState(%q) = %v, want %v", code, got, want)
-		}
-	}
-}
-
-// TestCheckRunsOf: the erred runs of a check that a parked row's
-// last_error holds are read back as written; any other last_error (a
-// request's answer, an operator's note) holds none.
-func TestCheckRunsOf(t *testing.T) {
-	t.Parallel()
-	pgErr := &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
-	for _, runs := range []int{1, 7, 123} {
-		if got := checkRunsOf(checkRetryReason(runs, 8, pgErr)); got != runs {
-			t.Errorf("checkRunsOf(checkRetryReason(%d)) = %d", runs, got)
-		}
-	}
-	for _, s := range []string{"", "HTTP 429: check run 3 of 8", "check: syntax error (SQLSTATE 42601)", "check run x of 8", "check run -2 of 8"} {
-		if got := checkRunsOf(s); got != 0 {
-			t.Errorf("checkRunsOf(%q) = %d, want 0", s, got)
 		}
 	}
 }
