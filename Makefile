@@ -18,7 +18,9 @@ help: ## List the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 # Stamped into the binary (outboxd version); a build without them falls
-# back on the VCS revision the Go toolchain records.
+# back on the VCS revision the Go toolchain records. The Dockerfile builds
+# the image's binary with this target too (CGO_ENABLED=0, VERSION and
+# COMMIT from its build arguments); scripts/check-dockerfile holds it to that.
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 LDFLAGS = -X main.version=$(VERSION) -X main.commit=$(COMMIT)
@@ -74,10 +76,11 @@ test-unit: ## Unit tests only, no servers needed
 # gofmt is given the .go files outside hidden folders (.dev/ holds the
 # servers' data, owned by other users) and testdata/ (which, like for go vet,
 # may hold deliberately odd files).
-vet: ## go vet + gofmt check
+vet: ## go vet + gofmt check, the README's mirrored docs, the Dockerfile's build (scripts/check-dockerfile)
 	go vet ./...
 	go vet -tags restart ./...
 	scripts/check-docs
+	scripts/check-dockerfile
 	@files="$$(find . \( -name '.?*' -o -name testdata \) -prune -o -type f -name '*.go' -print)"; \
 	unformatted="$$(if [[ -n $$files ]]; then gofmt -l $$files; fi)"; \
 	if [[ -n $$unformatted ]]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	"github.com/elastic/go-elasticsearch/v8"
@@ -14,92 +13,6 @@ import (
 
 	"github.com/outboxd/outboxd/outbox"
 )
-
-// ReadFilter is the filter of the search names N and N-read: tombstones
-// are documents too, and searchers must never see them.
-const ReadFilter = `{"bool":{"must_not":{"term":{"` + TombstoneField + `":true}}}}`
-
-// outboxdFields are merged into every mapping, default or user supplied.
-var outboxdFields = map[string]any{
-	TombstoneField:   map[string]any{"type": "boolean"},
-	TombstoneAtField: map[string]any{"type": "date"},
-}
-
-// writeSuffix names the write alias: the only name outboxd writes through.
-const writeSuffix = "-write"
-
-// FirstIndex, WriteAlias and ReadAlias name what Bootstrap creates for an
-// index name N. N itself is a filtered alias, the clean view applications
-// search; N-read is the same view under the name older releases used.
-func FirstIndex(name string) string { return name + "-000001" }
-func WriteAlias(name string) string { return name + writeSuffix }
-func ReadAlias(name string) string  { return name + "-read" }
-
-// indexBody returns the settings and mappings for a new concrete index:
-// spec's, or single-node friendly defaults (1 shard, 0 replicas; production
-// clusters supply their own spec), with the outboxd fields merged in.
-func indexBody(spec []byte) ([]byte, error) {
-	body := map[string]json.RawMessage{
-		"settings": json.RawMessage(`{"index":{"number_of_shards":1,"number_of_replicas":0}}`),
-		"mappings": json.RawMessage(`{"dynamic":true}`),
-	}
-	if len(bytes.TrimSpace(spec)) > 0 {
-		var user map[string]json.RawMessage
-		if err := json.Unmarshal(spec, &user); err != nil {
-			return nil, fmt.Errorf("indexer: index spec: must be a JSON object with \"settings\" and/or \"mappings\": %w", err)
-		}
-		for k, v := range user {
-			switch k {
-			case "settings", "mappings":
-				body[k] = v
-			case "aliases":
-				return nil, errors.New("indexer: index spec: aliases: outboxd owns the aliases (N, N-write and N-read); remove this key")
-			default:
-				return nil, fmt.Errorf("indexer: index spec: %s: unknown key; only \"settings\" and \"mappings\" are allowed", k)
-			}
-		}
-	}
-	var mappings map[string]any
-	if err := json.Unmarshal(body["mappings"], &mappings); err != nil || mappings == nil {
-		return nil, errors.New("indexer: index spec: mappings: must be a JSON object")
-	}
-	props, _ := mappings["properties"].(map[string]any)
-	if props == nil {
-		if _, ok := mappings["properties"]; ok {
-			return nil, errors.New("indexer: index spec: mappings.properties: must be a JSON object")
-		}
-		props = make(map[string]any)
-	}
-	for f, want := range outboxdFields {
-		if have, ok := props[f]; ok {
-			h, _ := have.(map[string]any)
-			if h == nil || h["type"] != want.(map[string]any)["type"] {
-				return nil, fmt.Errorf("indexer: index spec: mappings.properties.%s: outboxd needs type %q here", f, want.(map[string]any)["type"])
-			}
-			continue
-		}
-		props[f] = want
-	}
-	mappings["properties"] = props
-	m, err := json.Marshal(mappings)
-	if err != nil {
-		return nil, fmt.Errorf("indexer: index spec: mappings: %w", err)
-	}
-	body["mappings"] = m
-	return json.Marshal(body)
-}
-
-// checkName applies the rules every event's index_name passed at append
-// (outbox.ValidateIndexName): Elasticsearch's, outboxd's reserved suffixes
-// and room for the derived names. It runs again here for events appended
-// before those rules existed.
-func checkName(name string) error {
-	var ve *outbox.ValidationError
-	if err := outbox.ValidateIndexName(name); errors.As(err, &ve) {
-		return &NameError{name, ve.Reason}
-	}
-	return nil
-}
 
 // Bootstrap makes sure the layout of name exists: the concrete index
 // name-000001, the write alias name-write (the only name outboxd writes
@@ -136,47 +49,6 @@ func bootstrap(ctx context.Context, es *elasticsearch.Client, name string, spec 
 		}
 	}
 	return created, fmt.Errorf("indexer: bootstrap %q: the indices kept changing during bootstrap; try again", name)
-}
-
-type resolved struct {
-	Indices []struct {
-		Name    string   `json:"name"`
-		Aliases []string `json:"aliases"`
-	} `json:"indices"`
-	Aliases []struct {
-		Name    string   `json:"name"`
-		Indices []string `json:"indices"`
-	} `json:"aliases"`
-	DataStreams []struct {
-		Name string `json:"name"`
-	} `json:"data_streams"`
-}
-
-func (r *resolved) index(n string) bool {
-	for _, i := range r.Indices {
-		if i.Name == n {
-			return true
-		}
-	}
-	return false
-}
-
-func (r *resolved) alias(n string) []string {
-	for _, a := range r.Aliases {
-		if a.Name == n {
-			return a.Indices
-		}
-	}
-	return nil
-}
-
-func (r *resolved) dataStream(n string) bool {
-	for _, d := range r.DataStreams {
-		if d.Name == n {
-			return true
-		}
-	}
-	return false
 }
 
 func bootstrapStep(ctx context.Context, es *elasticsearch.Client, name string, body []byte, created *bool, rebuilt func(context.Context, string) (string, error)) (done bool, err error) {
@@ -309,38 +181,6 @@ func foreignOwner(name, alias, index string) error {
 	return nil
 }
 
-// writeTarget returns the name through which name's tombstones are seen
-// and written: its write alias, or name itself in the layout of older
-// releases (before Bootstrap upgraded it) and for names outboxd did not
-// create.
-func writeTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
-	write := WriteAlias(name)
-	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
-		Name:              []string{write},
-		ExpandWildcards:   "all",
-		IgnoreUnavailable: &ptrTrue,
-	})
-	if err != nil {
-		return "", err
-	}
-	var r resolved
-	if err := json.Unmarshal(raw, &r); err != nil {
-		return "", fmt.Errorf("indexer: resolve index: %w", err)
-	}
-	if r.alias(write) != nil {
-		return write, nil
-	}
-	return name, nil
-}
-
-// aliasesJSON is the "aliases" object of a new concrete index for name.
-func aliasesJSON(name string) string {
-	n, _ := json.Marshal(name)
-	w, _ := json.Marshal(WriteAlias(name))
-	rd, _ := json.Marshal(ReadAlias(name))
-	return string(w) + `:{"is_write_index":true},` + string(n) + `:{"filter":` + ReadFilter + `},` + string(rd) + `:{"filter":` + ReadFilter + `}`
-}
-
 // checkAliases verifies the aliases on index and, in one atomic _aliases
 // request, adds the missing ones and gives name the read filter (the
 // upgrade from the layout where name was the unfiltered write alias). An
@@ -407,129 +247,4 @@ func checkAliases(ctx context.Context, es *elasticsearch.Client, name, index str
 		return false, err
 	}
 	return true, nil
-}
-
-// ensure bootstraps name once per Sink. Failures are not cached: the next
-// Write tries again, so an operator's fix is picked up without a restart.
-func (s *Sink) ensure(ctx context.Context, name string) error {
-	s.mu.Lock()
-	e := s.boot[name]
-	if e == nil {
-		e = &bootEntry{lock: make(chan struct{}, 1)}
-		s.boot[name] = e
-	}
-	s.mu.Unlock()
-	if e.ok.Load() {
-		return nil
-	}
-	// Another Write may be bootstrapping name against a node that does not
-	// answer; this one must still return by its own deadline.
-	select {
-	case e.lock <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("indexer: bootstrap %s: waiting for another write's bootstrap: %w", name, ctx.Err())
-	}
-	defer func() { <-e.lock }()
-	if e.ok.Load() {
-		return nil
-	}
-	created, err := bootstrap(ctx, s.es, name, s.spec, s.rebuilt)
-	if err != nil {
-		s.logger.Warn("indexer: bootstrap failed", slog.String("index", name), slog.String("error", err.Error()))
-		return err
-	}
-	switch {
-	case created && e.wasOK:
-		s.logger.Warn("indexer: re-created the layout of an index that had vanished: "+FirstIndex(name)+" is new and empty; if its documents are in another index, point the aliases back at it",
-			slog.String("index", name), slog.String("concrete_index", FirstIndex(name)))
-	case created:
-		s.logger.Info("indexer: created index", slog.String("index", name), slog.String("concrete_index", FirstIndex(name)))
-	}
-	e.wasOK = true
-	e.ok.Store(true)
-	return nil
-}
-
-// forget makes the next Write bootstrap name again (its write alias went
-// missing).
-func (s *Sink) forget(name string) {
-	s.mu.Lock()
-	e := s.boot[name]
-	s.mu.Unlock()
-	if e != nil {
-		e.ok.Store(false)
-	}
-}
-
-// ErrNoIndex is returned by MigrateLayout for a name with nothing behind it.
-var ErrNoIndex = errors.New("indexer: no index or alias of that name")
-
-// MigrateLayout upgrades the existing index name to the current layout
-// (see Bootstrap) and reports whether it changed anything. Unlike
-// Bootstrap it never creates an index.
-func MigrateLayout(ctx context.Context, es *elasticsearch.Client, name string) (changed bool, err error) {
-	if err := checkName(name); err != nil {
-		return false, err
-	}
-	write, first := WriteAlias(name), FirstIndex(name)
-	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
-		Name:              []string{name, write, first},
-		ExpandWildcards:   "all",
-		IgnoreUnavailable: &ptrTrue,
-	})
-	if err != nil {
-		return false, err
-	}
-	var r resolved
-	if err := json.Unmarshal(raw, &r); err != nil {
-		return false, fmt.Errorf("indexer: resolve index: %w", err)
-	}
-	if r.alias(name) == nil && r.alias(write) == nil && !r.index(first) && !r.index(name) {
-		return false, fmt.Errorf("%w: %q", ErrNoIndex, name)
-	}
-	body, err := indexBody(nil)
-	if err != nil {
-		return false, err
-	}
-	for range 5 {
-		var created bool
-		done, err := bootstrapStep(ctx, es, name, body, &created, nil)
-		if err != nil || done {
-			return changed, err
-		}
-		changed = true
-	}
-	return changed, fmt.Errorf("indexer: migrate %q: the indices kept changing; try again", name)
-}
-
-// CheckName is checkName for the operator tools (packages repair,
-// rebuild, backfill, reconcile): a backfill refuses an index name before it reads a row.
-func CheckName(name string) error { return checkName(name) }
-
-// WriteTarget is writeTarget for the operator tools, which resolve the name an operator gives to the index behind it.
-func WriteTarget(ctx context.Context, es *elasticsearch.Client, name string) (string, error) {
-	return writeTarget(ctx, es, name)
-}
-
-// LayoutExists reports whether anything of name's layout is there (N,
-// N-write or N-000001): a tool that would otherwise create the index with
-// a spec it was not given can refuse instead.
-func LayoutExists(ctx context.Context, es *elasticsearch.Client, name string) (bool, error) {
-	if err := checkName(name); err != nil {
-		return false, err
-	}
-	write, first := WriteAlias(name), FirstIndex(name)
-	raw, err := perform(ctx, es, "resolve index", esapi.IndicesResolveIndexRequest{
-		Name:              []string{name, write, first},
-		ExpandWildcards:   "all",
-		IgnoreUnavailable: &ptrTrue,
-	})
-	if err != nil {
-		return false, err
-	}
-	var r resolved
-	if err := json.Unmarshal(raw, &r); err != nil {
-		return false, fmt.Errorf("indexer: resolve index: %w", err)
-	}
-	return r.alias(name) != nil || r.alias(write) != nil || r.index(first) || r.index(name), nil
 }

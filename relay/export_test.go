@@ -1,4 +1,20 @@
 package relay
 
+import "sync"
+
 // StreamKey lets tests take a stream's lock the way a relay does.
 var StreamKey = streamKey
+
+// MoveReadPositionAfterFirstPage makes the first leader's reader, after the
+// first read that returns events and ends a batch, believe it read up to a
+// transaction counter by higher than the database's: the position a leader
+// holds in memory when a failover hands its reads to a standby that lacks
+// the old primary's newest transactions.
+func MoveReadPositionAfterFirstPage(c *Config, by uint64) {
+	var once sync.Once
+	c.afterRead = func(p *position) {
+		if p.batch == nil && p.done.Xmax > 1 {
+			once.Do(func() { p.done.Xmax += by })
+		}
+	}
+}

@@ -107,6 +107,13 @@ type reader struct {
 	maxBytes int
 	pos      position
 	avgSize  int // bytes per event of the last page read; 0 before the first
+	// ledFrom is the transaction counter of the stored position this
+	// leadership started from: a position beyond it was read by this
+	// leader, not stored (see serverChangedError).
+	ledFrom uint64
+	// afterRead, set by tests only (Config.afterRead), sees the position
+	// after each successful read.
+	afterRead func(*position)
 }
 
 // limit is the page query's LIMIT: maxDocs, or fewer when the events seen
@@ -273,6 +280,13 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 	if err != nil {
 		return page{}, err
 	}
+	if snap.Xmax < from.done.Xmax && from.done.Xmax > r.ledFrom {
+		// The counter is behind a position this leader read but has not
+		// necessarily stored: the pool now reaches another server than
+		// the one it read from (a standby promoted without the newest
+		// transactions). That server's stored position is the truth.
+		return page{}, &serverChangedError{Stream: r.stream.Name, Counter: snap.Xmax, Read: from.done.Xmax}
+	}
 	if snap.Xmax < from.done.Xmax {
 		// xid8 never goes backwards in one cluster; it does after a dump
 		// and restore into another. Guessing would skip or replay events.
@@ -356,4 +370,26 @@ func (r *reader) advance(p page) {
 	if n := len(p.events); n > 0 {
 		r.avgSize = max(1, p.bytes/n)
 	}
+	if r.afterRead != nil {
+		r.afterRead(&r.pos)
+	}
+}
+
+// serverChangedError means the database's transaction counter is behind a
+// position the stream's leader read (not the one it was given): the reads
+// now reach another server than before, a failover to a standby that
+// lacks the old primary's newest transactions. The leader gives the
+// stream up and leads it again from the position stored on the server it
+// now reaches; reading on from the position in memory could take
+// transaction ids that server hands out again for done, and skip their
+// events. It is not a reason to stop (see PositionError for a stored
+// position that is ahead).
+type serverChangedError struct {
+	Stream  string
+	Counter uint64 // the database's transaction counter now
+	Read    uint64 // the counter of the position the leader read
+}
+
+func (e *serverChangedError) Error() string {
+	return fmt.Sprintf("relay: stream %s: the database's transaction counter (%d) is behind the position this leader read (%d): another server (a promoted standby?) answers now; leading again from its stored position", e.Stream, e.Counter, e.Read)
 }

@@ -22,8 +22,11 @@ const maxRetryAfter = 10 * time.Minute
 // while its next attempt would start within inline of its first one here;
 // otherwise it is parked as retrying, due after its backoff (at least the
 // receiver's Retry-After), and the outcome acknowledges it: the row owns
-// it from then on. Lead passes inline 0, so that a parked message makes
-// one attempt each time it is due.
+// it from then on. A transient check error runs the check again under
+// the same rule, with no request charged; its runs in a row count towards
+// MaxAttempts, across parks too (ent.checkRuns, the row's check_runs,
+// written when it is parked). Lead passes inline 0,
+// so that a parked message makes one attempt each time it is due.
 func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time.Duration) outbox.Outcome {
 	name, key := s.dest.Name, e.SourceID
 	done := context.WithoutCancel(ctx) // what was sent is always recorded
@@ -36,27 +39,41 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 		}
 	}
 	began := time.Now()
-	checkTries, unsent := 0, 0
+	unsent := 0 // a parked message brings its check's erred runs in ent
 	for {
 		if err := s.limit.wait(ctx); err != nil {
 			return outage(errShutdown)
 		}
 		if s.dest.Check != "" {
 			ok, err := s.eligible(ctx, key, e.Document)
+			if err == nil {
+				ent.checkRuns = 0 // it ran: the erred runs are no longer in a row
+			}
 			var pgErr *pgconn.PgError
 			switch {
-			case errors.As(err, &pgErr) && transientSQLState(pgErr.Code) && checkTries+1 < s.dest.MaxAttempts:
-				// Says nothing about this message: run the check again.
-				checkTries++
+			case errors.As(err, &pgErr) && transientSQLState(pgErr.Code) && ent.checkRuns+1 < s.dest.MaxAttempts:
+				// Says nothing about this message: run the check again,
+				// under the rule of a request sent again (in line only
+				// within inline of the first try, else parked), so that a
+				// check that keeps erring never holds its page longer
+				// than a receiver that keeps refusing.
+				ent.checkRuns++
 				s.log.Warn("webhook: check failed for a passing reason; running it again", "destination", name, "dedupe_key", key,
 					"sqlstate", pgErr.Code, "err", pgErr.Message)
+				wait := checkRetryWait(s.dest, ent.checkRuns-1)
+				if time.Since(began)+wait > inline {
+					return s.park(done, e, ent, wait, attempt{reason: checkRetryReason(ent.checkRuns, s.dest.MaxAttempts, pgErr)})
+				}
 				select {
-				case <-time.After(checkRetryWait(s.dest, checkTries-1)):
+				case <-time.After(wait):
 				case <-ctx.Done():
 					return outage(errShutdown)
 				}
 				continue
 			case errors.As(err, &pgErr):
+				if transientSQLState(pgErr.Code) {
+					ent.checkRuns++ // the last of MaxAttempts
+				}
 				return s.finish(done, e, ent, StateFailed, 0, fmt.Sprintf("check: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code))
 			case err != nil:
 				return outage(fmt.Errorf("webhook: check: %w", err))
@@ -121,7 +138,7 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 			if time.Since(began)+wait > inline && ent.state == StateRetrying {
 				return s.park(done, e, ent, wait, a)
 			}
-			matched, err := s.ledger.record(done, name, key, e.ID, n, ent.state, ent.state, 0, a.status, a.reason, ent.uncertain, true)
+			matched, err := s.ledger.record(done, name, key, e.ID, n, ent.state, ent.state, 0, a.status, a.reason, ent.uncertain, true, ent.checkRuns)
 			if err != nil {
 				return outage(err)
 			}
@@ -155,7 +172,7 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 		if time.Since(began)+wait > inline {
 			return s.park(done, e, ent, wait, a)
 		}
-		matched, err := s.ledger.record(done, name, key, e.ID, n, ent.state, StateReserved, 0, a.status, a.reason, ent.uncertain, false)
+		matched, err := s.ledger.record(done, name, key, e.ID, n, ent.state, StateReserved, 0, a.status, a.reason, ent.uncertain, false, ent.checkRuns)
 		if err != nil {
 			return outage(err)
 		}
@@ -178,7 +195,7 @@ func (s *Sink) send(ctx context.Context, e *outbox.Event, ent entry, inline time
 // finish records a final state for the attempt ent.attempts; the relay
 // may then acknowledge the message.
 func (s *Sink) finish(ctx context.Context, e *outbox.Event, ent entry, state string, status int, reason string) outbox.Outcome {
-	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, state, 0, status, reason, ent.uncertain, false)
+	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, state, 0, status, reason, ent.uncertain, false, ent.checkRuns)
 	if err != nil {
 		return outage(err)
 	}
@@ -194,9 +211,10 @@ func (s *Sink) finish(ctx context.Context, e *outbox.Event, ent entry, state str
 
 // park records the attempt ent.attempts as one to be made again after
 // wait, by the destination's leader (Lead), and acknowledges the message:
-// its row, payload and attempts included, now holds it durably.
+// its row, payload, attempts and check runs included, now holds it
+// durably.
 func (s *Sink) park(ctx context.Context, e *outbox.Event, ent entry, wait time.Duration, a attempt) outbox.Outcome {
-	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, StateRetrying, wait, a.status, a.reason, ent.uncertain, a.unsent)
+	matched, err := s.ledger.record(ctx, s.dest.Name, e.SourceID, e.ID, ent.attempts, ent.state, StateRetrying, wait, a.status, a.reason, ent.uncertain, a.unsent, ent.checkRuns)
 	if err != nil {
 		return outage(err)
 	}

@@ -190,3 +190,10 @@ func transientSQLState(code string) bool {
 func checkRetryWait(d Destination, tries int) time.Duration {
 	return backoff(d.BackoffBase, d.BackoffMax, tries)
 }
+
+// checkRetryReason is the last_error of a message parked by a transient
+// check error, for an operator to read: the count itself is the row's
+// check_runs, never parsed back from this text.
+func checkRetryReason(runs, limit int, pgErr *pgconn.PgError) string {
+	return fmt.Sprintf("check run %d of %d: %s (SQLSTATE %s); it runs again when due", runs, limit, pgErr.Message, pgErr.Code)
+}

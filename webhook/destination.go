@@ -53,7 +53,7 @@ type Destination struct {
 	BreakerFailures int
 	BreakerCooldown time.Duration
 
-	MaxAttempts int           // requests that reached the receiver before giving up; default 8 (one never sent is not counted)
+	MaxAttempts int           // requests that reached the receiver before giving up, and runs of a check that errs transiently; default 8 (one never sent is not counted)
 	BackoffBase time.Duration // default 500ms, doubling with jitter
 	BackoffMax  time.Duration // default 1m; a longer Retry-After (up to 10m) wins
 

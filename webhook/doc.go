@@ -40,14 +40,21 @@
 // another never acknowledges the message before its row is final. The
 // eligibility check (Destination.Check) runs before each attempt, READ
 // ONLY with a statement timeout; false marks the message skipped without
-// a request. A relay's shutdown never
+// a request. A transient error of it (transientSQLState) runs it again
+// under the retry rule below, in line or parked, charging no attempt; its
+// runs in a row count towards MaxAttempts (a parked row carries them in
+// its check_runs column, written in the UPDATE that parks it; they start
+// again from 0 when the check passes or an operator sends the message
+// again), so a check that errs on every one fails the message with its
+// error, as any other error of it does at once. A relay's shutdown never
 // cuts a request short (that would make its outcome unknown): requests
 // run to their own timeout.
 //
 // # Retries without a stall
 //
 // A message that is to be sent again (an answer that proves it was not
-// processed, or any uncertain one for an idempotent destination) retries
+// processed, or any uncertain one for an idempotent destination), or
+// whose check is to run again after a transient error, retries
 // in line, its page waiting, only while its next attempt would start
 // within Destination.RetryInline (retry_inline, default 5s) of its first.
 // Past that it is parked: the answer is recorded with state retrying and

@@ -14,7 +14,7 @@ import (
 const (
 	StateReserved  = "reserved"  // owned by one message, being delivered
 	StateDelivered = "delivered" // the receiver answered 2xx
-	StateFailed    = "failed"    // the receiver refused it (4xx), or retries ran out
+	StateFailed    = "failed"    // the receiver refused it (4xx), retries ran out, or its check erred
 	StateSkipped   = "skipped"   // the eligibility check said no; nothing was sent
 	StateUnknown   = "unknown"   // it may or may not have been received: an operator decides
 	// A retry is due at next_attempt_at: the message used up its in-line
@@ -40,6 +40,9 @@ type entry struct {
 	inFlight  bool
 	uncertain bool
 	conflict  bool // this message has the key of another with a different payload
+	// checkRuns are the runs of the message's check that erred in a row
+	// (check_runs): they count towards MaxAttempts, across parks too.
+	checkRuns int
 }
 
 // reserve inserts the (destination, key) row for message id, or finds the
@@ -63,8 +66,8 @@ func (l *ledger) reserve(ctx context.Context, dest, key string, id int64, payloa
 		                     THEN d.conflicts || EXCLUDED.event_id ELSE d.conflicts END
 		WHERE (d.event_id <> EXCLUDED.event_id AND NOT EXCLUDED.event_id = ANY(d.duplicates))
 		   OR (d.event_id = EXCLUDED.event_id AND d.state = 'waiting' AND EXCLUDED.state <> 'waiting')
-		RETURNING d.event_id, d.state, d.attempts, d.in_flight, d.uncertain, $3 = ANY(d.conflicts)`,
-		dest, key, id, string(payload), initial, reason).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain, &e.conflict)
+		RETURNING d.event_id, d.state, d.attempts, d.in_flight, d.uncertain, $3 = ANY(d.conflicts), d.check_runs`,
+		dest, key, id, string(payload), initial, reason).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain, &e.conflict, &e.checkRuns)
 	if !errors.Is(err, pgx.ErrNoRows) {
 		if err != nil {
 			return e, fmt.Errorf("webhook: ledger: reserve %s/%s: %w", dest, key, err)
@@ -83,8 +86,8 @@ func (l *ledger) reserve(ctx context.Context, dest, key string, id int64, payloa
 // read returns the row of (dest, key) as message id sees it.
 func (l *ledger) read(ctx context.Context, dest, key string, id int64) (entry, error) {
 	var e entry
-	err := l.pool.QueryRow(ctx, `SELECT event_id, state, attempts, in_flight, uncertain, $3 = ANY(conflicts) FROM `+l.schema+`.deliveries
-		WHERE destination = $1 AND dedupe_key = $2`, dest, key, id).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain, &e.conflict)
+	err := l.pool.QueryRow(ctx, `SELECT event_id, state, attempts, in_flight, uncertain, $3 = ANY(conflicts), check_runs FROM `+l.schema+`.deliveries
+		WHERE destination = $1 AND dedupe_key = $2`, dest, key, id).Scan(&e.eventID, &e.state, &e.attempts, &e.inFlight, &e.uncertain, &e.conflict, &e.checkRuns)
 	return e, err
 }
 
@@ -92,10 +95,11 @@ func (l *ledger) read(ctx context.Context, dest, key string, id int64) (entry, e
 // sent, if the row is still as this relay last saw it (its state included:
 // reserved for a message of a page, retrying for a parked one). Losing the
 // claim means another relay took the message over (after a failover) or
-// an operator settled it.
+// an operator settled it. A claim follows a check that passed (or no
+// check): the runs of it that erred start again from 0.
 func (l *ledger) claim(ctx context.Context, dest, key string, id int64, seen entry) (bool, error) {
 	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
-		SET attempts = attempts + 1, in_flight = true, updated_at = now()
+		SET attempts = attempts + 1, in_flight = true, check_runs = 0, updated_at = now()
 		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = $6
 		  AND attempts = $4 AND in_flight = $5`, dest, key, id, seen.attempts, seen.inFlight, seen.state)
 	if err != nil {
@@ -114,15 +118,18 @@ func (l *ledger) claim(ctx context.Context, dest, key string, id int64, seen ent
 // unsent says no byte of the request reached the receiver: the claim is
 // undone (attempts back to n-1), so an unreachable receiver charges a
 // message no attempt, and MaxAttempts counts requests receivers got.
-func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, from, state string, wait time.Duration, status int, reason string, uncertain, unsent bool) (matched bool, err error) {
+// checkRuns is what the row keeps as its check's erred runs (check_runs):
+// written in the same UPDATE as the state, so a row parked by its check
+// comes due with them.
+func (l *ledger) record(ctx context.Context, dest, key string, id int64, n int, from, state string, wait time.Duration, status int, reason string, uncertain, unsent bool, checkRuns int) (matched bool, err error) {
 	tag, err := l.pool.Exec(ctx, `UPDATE `+l.schema+`.deliveries
-		SET state = $5, in_flight = false, last_status = nullif($6, 0), last_error = nullif($7, ''),
+		SET state = $5, in_flight = false, last_status = nullif($6, 0), last_error = nullif($7, ''), check_runs = $12,
 		    attempts = CASE WHEN $11 THEN attempts - 1 ELSE attempts END,
 		    uncertain = uncertain OR $8, updated_at = now(),
 		    next_attempt_at = CASE WHEN $5 = 'retrying' THEN now() + make_interval(secs => $10) END,
 		    finished_at = CASE WHEN $5 IN ('reserved', 'retrying') THEN NULL ELSE now() END
 		WHERE destination = $1 AND dedupe_key = $2 AND event_id = $3 AND state = $9 AND attempts = $4`,
-		dest, key, id, n, state, status, reason, uncertain, from, wait.Seconds(), unsent)
+		dest, key, id, n, state, status, reason, uncertain, from, wait.Seconds(), unsent, checkRuns)
 	if err != nil {
 		return false, fmt.Errorf("webhook: ledger: record %s/%s: %w", dest, key, err)
 	}

@@ -158,12 +158,18 @@ func TestFinishAfterTakeOver(t *testing.T) {
 }
 
 // TestDedupeConflict: a second message with the key of the first but
-// another payload is not sent, and is recorded and reported as a conflict.
+// another payload is not sent, and is recorded and reported as a conflict:
+// the row's conflicts, the outcome, the finished counter's state="conflict"
+// and a WARN naming both event ids, as the README says.
 func TestDedupeConflict(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	rcv := newScripted(t, status(200))
-	s := e.sink(t, e.pool, destination("hook", rcv.URL, false), webhook.Options{})
+	reg := prometheus.NewRegistry()
+	var logs lockedBuffer
+	s := e.sink(t, e.pool, destination("hook", rcv.URL, false), webhook.Options{
+		Metrics: webhook.NewMetrics(reg), Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
+	})
 	first := e.send(t, "hook", "k", `{"amount":1}`)
 	second := e.send(t, "hook", "k", `{"amount":2}`)
 	same := e.send(t, "hook", "k", `{"amount":1}`)
@@ -179,6 +185,19 @@ func TestDedupeConflict(t *testing.T) {
 	}
 	if len(conflicts) != 1 || conflicts[0] != second || rcv.count() != 1 {
 		t.Fatalf("conflicts %v, want [%d]; %d requests", conflicts, second, rcv.count())
+	}
+	for state, want := range map[string]float64{"conflict": 1, "duplicate": 1, "delivered": 1} {
+		if got, _ := series(t, reg, "outboxd_webhook_messages_finished_total", "destination", "hook", "state", state); got != want {
+			t.Errorf(`outboxd_webhook_messages_finished_total{state=%q} = %v, want %v`, state, got, want)
+		}
+	}
+	warns := records(t, logs.String(), "different payload")
+	if len(warns) != 1 {
+		t.Fatalf("%d log records about the conflict, want 1:\n%s", len(warns), logs.String())
+	}
+	w := warns[0]
+	if w["level"] != "WARN" || w["event_id"] != float64(second) || w["holder_event_id"] != float64(first) || w["dedupe_key"] != "k" {
+		t.Fatalf("the conflict's log record %v: want a WARN with event_id %d, holder_event_id %d, dedupe_key k", w, second, first)
 	}
 }
 

@@ -15,6 +15,7 @@ type Metrics struct {
 	seconds  *prometheus.HistogramVec // destination
 	finals   *prometheus.CounterVec   // destination, state
 	circuits *prometheus.GaugeVec     // destination
+	opened   *prometheus.GaugeVec     // destination
 }
 
 // NewMetrics registers the webhook instruments on reg (nil: unregistered).
@@ -37,9 +38,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outboxd_webhook_circuit_open",
 			Help: "1 while a destination is paused because its receiver keeps failing (breaker_failures consecutive failures); its messages wait.",
 		}, []string{"destination"}),
+		opened: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_webhook_circuit_opened_timestamp_seconds",
+			Help: "Unix time the destination's open circuit (outboxd_webhook_circuit_open) opened; 0 while it is closed.",
+		}, []string{"destination"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.seconds, m.finals, m.circuits)
+		reg.MustRegister(m.requests, m.seconds, m.finals, m.circuits, m.opened)
 	}
 	return m
 }
@@ -58,11 +63,14 @@ func (m *Metrics) circuit(dest string, open bool) {
 	if m == nil {
 		return
 	}
-	v := 0.0
+	v, since := 0.0, 0.0
 	if open {
-		v = 1
+		// A failed probe does not call this again: the time is when the
+		// pause began, what the operator page shows as "open since".
+		v, since = 1, float64(time.Now().UnixMilli())/1e3
 	}
 	m.circuits.WithLabelValues(dest).Set(v)
+	m.opened.WithLabelValues(dest).Set(since)
 }
 
 func (m *Metrics) count(dest, state string) {

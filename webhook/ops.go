@@ -22,6 +22,7 @@ type Delivery struct {
 	EventID     int64      `json:"event_id"`
 	State       string     `json:"state"`
 	Attempts    int        `json:"attempts"`
+	CheckRuns   int        `json:"check_runs"` // the check's transient errors in a row, no request sent; they count towards max_attempts
 	Uncertain   bool       `json:"uncertain"`
 	LastStatus  *int       `json:"last_status,omitempty"`
 	LastError   string     `json:"last_error,omitempty"`
@@ -45,12 +46,12 @@ type Filter struct {
 
 var states = []string{StateWaiting, StateReserved, StateRetrying, StateDelivered, StateFailed, StateSkipped, StateUnknown}
 
-const deliveryColumns = `destination, dedupe_key, event_id, state, attempts, uncertain, last_status, coalesce(last_error, ''),
+const deliveryColumns = `destination, dedupe_key, event_id, state, attempts, check_runs, uncertain, last_status, coalesce(last_error, ''),
 	cardinality(duplicates), reserved_at, updated_at, finished_at, next_attempt_at, coalesce(resolved_by, '')`
 
 func scanDelivery(row pgx.Row) (Delivery, error) {
 	var d Delivery
-	err := row.Scan(&d.Destination, &d.DedupeKey, &d.EventID, &d.State, &d.Attempts, &d.Uncertain, &d.LastStatus, &d.LastError,
+	err := row.Scan(&d.Destination, &d.DedupeKey, &d.EventID, &d.State, &d.Attempts, &d.CheckRuns, &d.Uncertain, &d.LastStatus, &d.LastError,
 		&d.Duplicates, &d.ReservedAt, &d.UpdatedAt, &d.FinishedAt, &d.NextAttemptAt, &d.ResolvedBy)
 	return d, err
 }
@@ -215,7 +216,7 @@ func settle(ctx context.Context, tx pgx.Tx, id string, row ledgerRow, action, op
 	// Waiting, not reserved: the destination's sink takes the row over
 	// when it reads the new message, and until a relay serves the
 	// destination it waits in plain view, its age from now.
-	_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = 'waiting', event_id = $3, attempts = 0, in_flight = false,
+	_, err = tx.Exec(ctx, `UPDATE `+id+`.deliveries SET state = 'waiting', event_id = $3, attempts = 0, check_runs = 0, in_flight = false,
 		uncertain = false, finished_at = NULL, reserved_at = now(), updated_at = now(), resolved_by = $4, next_attempt_at = NULL,
 		last_error = 'retry requested by ' || $4 || ' (was ' || state || ')'
 		WHERE destination = $1 AND dedupe_key = $2`, row.destination, row.key, next, operator)

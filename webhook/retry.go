@@ -105,7 +105,7 @@ type parked struct {
 // except the keys in busy, and, when there were fewer, how long until the
 // next one is due (0: none is parked).
 func (l *ledger) due(ctx context.Context, dest string, busy []string, limit int) ([]parked, time.Duration, error) {
-	rows, err := l.pool.Query(ctx, `SELECT dedupe_key, event_id, payload, attempts, in_flight, uncertain FROM `+l.schema+`.deliveries
+	rows, err := l.pool.Query(ctx, `SELECT dedupe_key, event_id, payload, attempts, in_flight, uncertain, check_runs FROM `+l.schema+`.deliveries
 		WHERE destination = $1 AND state = 'retrying' AND next_attempt_at <= now() AND NOT dedupe_key = ANY($2)
 		ORDER BY next_attempt_at LIMIT $3`, dest, busy, limit)
 	if err != nil {
@@ -114,7 +114,7 @@ func (l *ledger) due(ctx context.Context, dest string, busy []string, limit int)
 	var out []parked
 	for rows.Next() {
 		p := parked{ent: entry{state: StateRetrying}, e: outbox.Event{IndexName: outbox.MessageIndex(dest), Op: outbox.OpUpsert}}
-		if err := rows.Scan(&p.e.SourceID, &p.e.ID, &p.e.Document, &p.ent.attempts, &p.ent.inFlight, &p.ent.uncertain); err != nil {
+		if err := rows.Scan(&p.e.SourceID, &p.e.ID, &p.e.Document, &p.ent.attempts, &p.ent.inFlight, &p.ent.uncertain, &p.ent.checkRuns); err != nil {
 			rows.Close()
 			return nil, 0, fmt.Errorf("webhook: ledger: due messages of %s: %w", dest, err)
 		}

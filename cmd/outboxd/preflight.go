@@ -93,6 +93,13 @@ func unreachable(err error) bool {
 		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, context.DeadlineExceeded)
 }
 
+// beforeConnecting runs the checks that need no server: the destinations
+// (without their check SQL), the index spec's file and JSON, the admin
+// address. The relay refuses their problems before it waits for one.
+func (p *preflight) beforeConnecting(ctx context.Context) []finding {
+	return append(p.destinations(ctx, nil), p.indexSpec(ctx, nil, 0), p.adminAddr())
+}
+
 // postgres connects, once, without the relay's waiting.
 func (p *preflight) postgres(ctx context.Context) (*pgxpool.Pool, finding) {
 	const item = "postgres"

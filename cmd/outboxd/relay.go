@@ -29,7 +29,7 @@ func runRelay(ctx context.Context, args []string) error {
 	// The checks of outboxd check: what needs no server is refused before
 	// the relay waits for one.
 	p := &preflight{db: db, es: es, f: f}
-	if err := refuseAtStart(log, append(p.destinations(ctx, nil), p.indexSpec(ctx, nil, 0), p.adminAddr())...); err != nil {
+	if err := refuseAtStart(log, p.beforeConnecting(ctx)...); err != nil {
 		return err
 	}
 	pool, err := relayPool(ctx, db, log)

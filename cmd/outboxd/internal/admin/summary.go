@@ -42,6 +42,7 @@ type counters struct {
 	writeSide      map[string]float64
 	messages       map[string]*MessageView // destination -> ledger counts
 	oldestReserved map[string]float64      // destination -> seconds
+	circuitSince   map[string]float64      // destination -> unix seconds its open circuit opened
 }
 
 func (c *counters) outcomes() map[string]float64 {
@@ -96,6 +97,17 @@ func readCounters(g prometheus.Gatherer) (*counters, error) {
 				c.message(labels["destination"]).add(labels["state"], m.GetGauge().GetValue())
 			case "outboxd_messages_oldest_reserved_seconds":
 				c.message(labels["destination"]).OldestReserved = m.GetGauge().GetValue()
+			case "outboxd_webhook_circuit_open":
+				// This process's breaker: set by the relay that leads the
+				// destination's stream, so that is the page to show it.
+				if m.GetGauge().GetValue() > 0 {
+					c.message(labels["destination"]).CircuitOpen = true
+				}
+			case "outboxd_webhook_circuit_opened_timestamp_seconds":
+				if c.circuitSince == nil {
+					c.circuitSince = map[string]float64{}
+				}
+				c.circuitSince[labels["destination"]] = m.GetGauge().GetValue()
 			default:
 				if key, ok := writeSideMetrics[name]; ok {
 					if c.writeSide == nil {
@@ -104,6 +116,11 @@ func readCounters(g prometheus.Gatherer) (*counters, error) {
 					c.writeSide[key] += m.GetCounter().GetValue()
 				}
 			}
+		}
+	}
+	for dest, v := range c.messages {
+		if v.CircuitOpen {
+			v.CircuitOpenSince = c.circuitSince[dest]
 		}
 	}
 	return c, nil
@@ -133,6 +150,11 @@ type MessageView struct {
 	Skipped        float64 `json:"skipped"`
 	Unknown        float64 `json:"unknown"`
 	OldestReserved float64 `json:"oldest_reserved_seconds"`
+	// CircuitOpen: this process's breaker paused the destination (its
+	// receiver keeps failing; the messages wait) since CircuitOpenSince,
+	// in Unix seconds.
+	CircuitOpen      bool    `json:"circuit_open"`
+	CircuitOpenSince float64 `json:"circuit_open_since,omitempty"`
 }
 
 func (v *MessageView) add(state string, n float64) {

@@ -1,0 +1,12 @@
+-- The runs of a message's eligibility check that erred transiently in a
+-- row, which count towards the destination's max_attempts: kept with the
+-- row when the message is parked as 'retrying' (written in the UPDATE
+-- that parks it) and read back when it comes due, so a check that errs
+-- on every run fails the message however many parks, relays or restarts
+-- that takes. Zeroed when the check passes and when an operator sends the
+-- message again. A column of its own, not a part of last_error, which
+-- stays text for people to read.
+--
+-- ADD COLUMN with a constant DEFAULT is instant on PostgreSQL 11 and
+-- later: only the catalog changes, no row of the ledger is rewritten.
+ALTER TABLE {{schema}}.deliveries ADD COLUMN check_runs integer NOT NULL DEFAULT 0;
