@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -91,4 +92,20 @@ FROM `+id+`.tutorials t JOIN `+id+`.authors a ON a.id = t.author_id WHERE t.id::
 	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+id+`.events WHERE op = 'refresh' AND index_name = $1`, name).Scan(&n); err != nil || n != 5 {
 		t.Fatalf("refreshes appended: %d, %v; want the 5 tutorials of ann", n, err)
 	}
+
+	// The relay's scheduled reconcile takes the definition as the truth
+	// too: with --reconcile-index and no --reconcile-sql it finds another
+	// watch-less rename and its refreshes reach the index.
+	if _, err := e.pool.Exec(ctx, `UPDATE `+id+`.authors SET name = 'bob2' WHERE id = 2`); err != nil {
+		t.Fatal(err)
+	}
+	cmd, logs := startCommand(t, append([]string{"relay"}, with("--admin-addr", "", "--lease-interval", "100ms",
+		"--reconcile-schedule", "@every 1s", "--reconcile-apply", "--reconcile-index", name)...)...)
+	schematest.Eventually(t, 60*time.Second, "the scheduled reconcile's refreshes show bob2 and ann2", func() bool {
+		if cmd.ProcessState != nil {
+			t.Fatalf("the relay exited:\n%s", logs.String())
+		}
+		return strings.Contains(string(esDo(t, es, "GET", "/"+name+"/_doc/3", "")), `"bob2"`) &&
+			strings.Contains(string(esDo(t, es, "GET", "/"+name+"/_doc/2", "")), `"ann2"`)
+	})
 }

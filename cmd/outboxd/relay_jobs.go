@@ -65,15 +65,17 @@ func addJobs(s *jobs.Scheduler, pool *pgxpool.Pool, es *elasticsearch.Client, sc
 	}); err != nil {
 		return err
 	}
-	if f.reconcileSchedule != "" && (f.reconcileIndex == "" || strings.TrimSpace(f.reconcileSQL) == "") {
-		return errors.New("reconcile-schedule: needs --reconcile-index and --reconcile-sql")
+	// Without --reconcile-sql the index's document definition is the
+	// truth; reconcile refuses an index that has neither, naming the flag.
+	if f.reconcileSchedule != "" && f.reconcileIndex == "" {
+		return errors.New("reconcile-schedule: needs --reconcile-index (and --reconcile-sql unless the index has a document definition)")
 	}
 	if f.reconcileSQLTimeout <= 0 {
 		return fmt.Errorf("reconcile-sql-timeout: must be > 0, got %s", f.reconcileSQLTimeout)
 	}
 	return s.Add("reconcile", f.reconcileSchedule, func(ctx context.Context) error {
 		rep, err := reconcile.Run(ctx, reconcile.Options{
-			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: f.reconcileSQL,
+			ES: es, DB: pool, Schema: schemaName, Index: f.reconcileIndex, SourceSQL: strings.TrimSpace(f.reconcileSQL),
 			SourceTimeout: f.reconcileSQLTimeout, Apply: f.reconcileApply, Operator: "scheduler",
 		})
 		if err != nil {
