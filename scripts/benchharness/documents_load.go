@@ -70,11 +70,11 @@ func (t docTables) load(ctx context.Context, pool *pgxpool.Pool, schemaName, ind
 					return
 				}
 				hi := min(lo+chunk-1, int64(n))
-				for _, q := range []string{
-					`INSERT INTO ` + t.parents + ` SELECT g, CASE WHEN g <= $3 THEN 1 ELSE 2 + g % 1000 END, 'parent ' || g, 1 FROM generate_series($1::bigint, $2::bigint) g`,
-					`INSERT INTO ` + t.children + ` SELECT (g - 1) * $4 + k, g, 'child ' || k || ' of parent ' || g || ', ' || repeat('x', 40) FROM generate_series($1::bigint, $2::bigint) g, generate_series(1, $4::bigint) k`,
+				for q, arg := range map[string]int{
+					`INSERT INTO ` + t.parents + ` SELECT g, CASE WHEN g <= $3 THEN 1 ELSE 2 + g % 1000 END, 'parent ' || g, 1 FROM generate_series($1::bigint, $2::bigint) g`:                                                   fanout,
+					`INSERT INTO ` + t.children + ` SELECT (g - 1) * $3 + k, g, 'child ' || k || ' of parent ' || g || ', ' || repeat('x', 40) FROM generate_series($1::bigint, $2::bigint) g, generate_series(1, $3::bigint) k`: children,
 				} {
-					if _, err := pool.Exec(ctx, q, lo, hi, fanout, children); err != nil {
+					if _, err := pool.Exec(ctx, q, lo, hi, arg); err != nil {
 						errs <- fmt.Errorf("load documents tables: %w", err)
 						return
 					}
