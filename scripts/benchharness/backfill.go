@@ -236,14 +236,20 @@ type backfillResult struct {
 	peakKB int64
 }
 
-// runBackfill runs `outboxd backfill` as a child process and returns its
+// runBackfill runs `outboxd backfill` as a child process (sourceSQL ""
+// for a definition-fed index) and returns its
 // report, wall time, CPU time and peak resident set: the larger of VmHWM
 // sampled from /proc while it runs and the maxrss the kernel reports when
 // it exits.
 func (b *bench) runBackfill(ctx context.Context, bin, schemaName, index, sourceSQL string) (backfillResult, error) {
 	cfg := b.cfg
-	args := []string{"backfill", "--schema", schemaName, "--index", index, "--source-sql", sourceSQL, "--json",
+	args := []string{"backfill", "--schema", schemaName, "--index", index, "--json",
 		"--bulk-docs", strconv.Itoa(cfg.bulkDocs), "--bulk-workers", strconv.Itoa(cfg.bulkWorkers)}
+	// Without --source-sql a definition-fed index is read from its
+	// definition.
+	if sourceSQL != "" {
+		args = append(args, "--source-sql", sourceSQL)
+	}
 	if cfg.backfillBatch > 0 {
 		args = append(args, "--batch", strconv.Itoa(cfg.backfillBatch))
 	}

@@ -75,18 +75,23 @@ type config struct {
 	backfillMemMBN    int
 	backfillMemPeakMB int
 
+	documentsN        int
+	documentsChildren int
+	documentsFanout   int
+	documentsBatch    int
+
 	profileDir string
 	childGOGC  string
 	keep       bool
 }
 
-var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown", "backfill", "backfillmem"}
+var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown", "backfill", "backfillmem", "documents"}
 
 func parseConfig(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown, backfill, backfillmem (comma-separated, or all).\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown, backfill, backfillmem, documents (comma-separated, or all).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envString(name, def), usage) }
@@ -137,6 +142,10 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.backfillMemKBN, "backfillmem-kb-n", 100_000, "backfillmem: rows of 1 KB")
 	num(&c.backfillMemMBN, "backfillmem-mb-n", 200, "backfillmem: rows of 1 MB")
 	num(&c.backfillMemPeakMB, "backfillmem-peak-mb", 150, "backfillmem: the peak RSS, in MB, outboxd backfill must stay under at either row size")
+	num(&c.documentsN, "documents-n", 100_000, "documents: parents of the definition-fed index (the recorded run: 1000000)")
+	num(&c.documentsChildren, "documents-children", 5, "documents: children per parent, aggregated into its document")
+	num(&c.documentsFanout, "documents-fanout", 10_000, "documents: parents sharing the lookup row that changes (the recorded run: 100000)")
+	num(&c.documentsBatch, "documents-batch", 4000, "documents: ids per definition read of the hand-written loader (outboxd backfill's --batch default)")
 	str(&c.profileDir, "profile-dir", "", "write a CPU profile of each relay child here (go tool pprof)")
 	str(&c.childGOGC, "child-gogc", "", "GOGC for relay child processes (experiment; default: Go's 100)")
 	fs.BoolVar(&c.keep, "keep", envBool("keep"), "keep schemas and indices (for inspection)")
@@ -152,10 +161,14 @@ func parseConfig(args []string) (*config, error) {
 		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "lowrate-workers": c.lowWorkers, "lowrate-high-workers": c.highWorkers,
 		"memory-n": c.memN, "memory-doc-kb": c.memDocKB, "memory-rate": c.memRate, "shutdown-n": c.shutdownN,
 		"backfill-n": c.backfillN, "backfill-repeat": c.backfillRepeat,
-		"backfillmem-kb-n": c.backfillMemKBN, "backfillmem-mb-n": c.backfillMemMBN, "backfillmem-peak-mb": c.backfillMemPeakMB} {
+		"backfillmem-kb-n": c.backfillMemKBN, "backfillmem-mb-n": c.backfillMemMBN, "backfillmem-peak-mb": c.backfillMemPeakMB,
+		"documents-n": c.documentsN, "documents-children": c.documentsChildren, "documents-fanout": c.documentsFanout, "documents-batch": c.documentsBatch} {
 		if v < 1 {
 			return nil, fmt.Errorf("%s: must be >= 1, got %d", name, v)
 		}
+	}
+	if c.documentsFanout > c.documentsN {
+		return nil, fmt.Errorf("documents-fanout: must be <= documents-n (%d), got %d", c.documentsN, c.documentsFanout)
 	}
 	if c.writersRounds < 2 {
 		return nil, fmt.Errorf("writers-rounds: must be >= 2, got %d", c.writersRounds)
@@ -243,6 +256,7 @@ func run(ctx context.Context, args []string) error {
 		{"shutdown", b.shutdownScenario},
 		{"backfill", b.backfillScenario},
 		{"backfillmem", b.backfillMemoryScenario},
+		{"documents", b.documentsScenario},
 	}
 	var failed []string
 	for _, s := range steps {
