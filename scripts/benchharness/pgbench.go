@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/schema"
 )
@@ -65,10 +68,10 @@ func (b *bench) pgbenchScenario(ctx context.Context) error {
 	defer os.RemoveAll(dir)
 	// The pgbench tables live in the outbox's schema, dropped with it:
 	// search_path puts them there, and the outbox's own names are qualified.
-	env := append(os.Environ(), "PGOPTIONS=-c search_path="+id, "PGAPPNAME=benchharness-pgbench")
+	env := append(os.Environ(), "PGOPTIONS=-c search_path="+id)
 	start := time.Now()
 	init := exec.CommandContext(ctx, bin, "-i", "-q", "-s", strconv.Itoa(cfg.pgbenchScale), b.url)
-	init.Env = env
+	init.Env = append(slices.Clone(env), "PGAPPNAME=benchharness-pgbench")
 	if out, err := init.CombinedOutput(); err != nil {
 		return fmt.Errorf("pgbench -i: %v: %s", err, lastLines(string(out), 5))
 	}
@@ -89,24 +92,45 @@ func (b *bench) pgbenchScenario(ctx context.Context) error {
 		}
 	}
 	tps := make([][]float64, len(variants)) // [variant][round]
+	cpu := make([][]float64, len(variants)) // server CPU µs per transaction, [variant][round]
 	for round := range cfg.pgbenchRounds {
 		var parts []string
 		for i, v := range variants {
-			cmd := exec.CommandContext(ctx, bin, "-n", "-f", files[i], "-c", strconv.Itoa(cfg.pgbenchClients), "-j", strconv.Itoa(cfg.pgbenchThreads),
-				"-T", strconv.Itoa(int(cfg.pgbenchPhase.Seconds())), b.url)
-			cmd.Env = env
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				return fmt.Errorf("%s: pgbench: %v: %s", v.name, err, lastLines(string(out), 5))
-			}
-			t, err := pgbenchTPS(string(out))
+			res, err := b.pgbenchPhase(ctx, bin, env, files[i], fmt.Sprintf("benchharness-pgbench-%d-%d", round, i))
 			if err != nil {
 				return fmt.Errorf("%s: %w", v.name, err)
 			}
-			tps[i] = append(tps[i], t)
-			parts = append(parts, fmt.Sprintf("%s %.0f tps", v.name, t))
+			tps[i] = append(tps[i], res.tps)
+			part := fmt.Sprintf("%s %.0f tps", v.name, res.tps)
+			if res.cpuPerTx > 0 {
+				cpu[i] = append(cpu[i], res.cpuPerTx)
+				part += fmt.Sprintf(" %.0f µs", res.cpuPerTx)
+			}
+			parts = append(parts, part)
 		}
 		b.rep.line("round %d: %s (load avg %s)", round+1, strings.Join(parts, ", "), loadAvg())
+	}
+	if len(cpu[0]) == cfg.pgbenchRounds {
+		// Server CPU is what the statement costs, whatever the other
+		// sessions on the machine do to the throughput.
+		var parts []string
+		for i, v := range variants {
+			if len(cpu[i]) != cfg.pgbenchRounds {
+				continue
+			}
+			part := fmt.Sprintf("%s %s µs", v.name, spread(cpu[i], "%.0f"))
+			if i > 0 {
+				var d []float64
+				for r := range cpu[i] {
+					d = append(d, cpu[i][r]-cpu[0][r])
+				}
+				part += fmt.Sprintf(" (+%s)", spread(d, "%.0f"))
+			}
+			parts = append(parts, part)
+		}
+		b.rep.key("pgbench server CPU per transaction (its backends, /proc schedstat): %s", strings.Join(parts, "; "))
+	} else {
+		b.rep.line("server CPU per transaction: not measured (the server's backends are not processes of this machine)")
 	}
 	ratio := func(i, j int) []float64 {
 		var out []float64
@@ -130,6 +154,114 @@ func (b *bench) pgbenchScenario(ctx context.Context) error {
 		b.rep.goal(r >= 1.0, "pgbench: %s >= 1.0x a hand-written outbox INSERT: %.2fx (median of %d rounds)", variants[i].name, r, cfg.pgbenchRounds)
 	}
 	return nil
+}
+
+type pgbenchResult struct {
+	tps      float64
+	cpuPerTx float64 // server CPU µs per transaction, 0 when not measured
+}
+
+// pgbenchPhase runs one pgbench phase of script as application name app.
+// With -P 1 pgbench reports every second; the CPU of its backends
+// (/proc/<pid>/schedstat, when the server runs on this machine) is read at
+// the first and the last report, and divided by the transactions the
+// reports between them count.
+func (b *bench) pgbenchPhase(ctx context.Context, bin string, env []string, script, app string) (pgbenchResult, error) {
+	cfg := b.cfg
+	cmd := exec.CommandContext(ctx, bin, "-n", "-P", "1", "-f", script, "-c", strconv.Itoa(cfg.pgbenchClients), "-j", strconv.Itoa(cfg.pgbenchThreads),
+		"-T", strconv.Itoa(int(cfg.pgbenchPhase.Seconds())), b.url)
+	cmd.Env = append(slices.Clone(env), "PGAPPNAME="+app)
+	var stdout strings.Builder
+	cmd.Stdout = &stdout
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return pgbenchResult{}, err
+	}
+	if err := cmd.Start(); err != nil {
+		return pgbenchResult{}, err
+	}
+	var (
+		pids         []int
+		first, last  time.Duration // summed backend CPU at the first and last report
+		prevT, txSum float64
+		tail         []string
+	)
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		line := sc.Text()
+		tail = append(tail[max(0, len(tail)-4):], line)
+		m := progressLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		t, _ := strconv.ParseFloat(m[1], 64)
+		rate, _ := strconv.ParseFloat(m[2], 64)
+		if pids == nil {
+			pids = b.backendPIDs(ctx, app, cfg.pgbenchClients)
+			if c, ok := schedCPU(pids); ok {
+				first, last, prevT = c, c, t
+			} else {
+				pids = []int{} // not measurable: stop trying
+			}
+			continue
+		}
+		if c, ok := schedCPU(pids); ok && len(pids) > 0 {
+			txSum += rate * (t - prevT)
+			last, prevT = c, t
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		return pgbenchResult{}, fmt.Errorf("pgbench: %v: %s", err, strings.Join(tail, " | "))
+	}
+	tps, err := pgbenchTPS(stdout.String())
+	if err != nil {
+		return pgbenchResult{}, err
+	}
+	res := pgbenchResult{tps: tps}
+	if txSum > 0 && last > first {
+		res.cpuPerTx = float64((last - first).Microseconds()) / txSum
+	}
+	return res, nil
+}
+
+var progressLine = regexp.MustCompile(`^progress: ([0-9.]+) s, ([0-9.]+) tps`)
+
+// backendPIDs are the server pids of the n sessions named app.
+func (b *bench) backendPIDs(ctx context.Context, app string, n int) []int {
+	rows, err := b.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app)
+	if err != nil {
+		return nil
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil || len(pids) != n {
+		return nil
+	}
+	return pids
+}
+
+// schedCPU sums the time on CPU of pids (/proc/<pid>/schedstat, in ns);
+// false unless every one is a readable process of this machine.
+func schedCPU(pids []int) (time.Duration, bool) {
+	if len(pids) == 0 {
+		return 0, false
+	}
+	var sum time.Duration
+	for _, p := range pids {
+		raw, err := os.ReadFile("/proc/" + strconv.Itoa(p) + "/schedstat")
+		if err != nil {
+			return 0, false
+		}
+		f := strings.Fields(string(raw))
+		if len(f) == 0 {
+			return 0, false
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		sum += time.Duration(ns)
+	}
+	return sum, true
 }
 
 // pgbenchBinary is -pgbench, or the server's own pgbench (its BINDIR when
