@@ -56,6 +56,19 @@ func TestCheckTrigger(t *testing.T) {
 		}
 	})
 
+	t.Run("a COPY is held to the rules, naming the field", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		_, err := e.pool.CopyFrom(t.Context(), pgx.Identifier{e.name, "events"}, []string{"index_name", "source_id", "version", "op"},
+			pgx.CopyFromRows([][]any{{"items", "ok", 1, "delete"}, {"items", "", 1, "delete"}}))
+		if err == nil || !mentionsField(err.Error(), "source_id") {
+			t.Fatalf("COPY of an event without a source_id: %v, want a source_id refusal", err)
+		}
+		if n := e.count(t, `true`); n != 0 {
+			t.Fatalf("%d events written by a refused COPY", n)
+		}
+	})
+
 	t.Run("the rules hold under session_replication_role = replica and for an UPDATE", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
