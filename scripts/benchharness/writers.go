@@ -74,6 +74,7 @@ func (b *bench) writersScenario(ctx context.Context) error {
 		name string
 		tx   func(ctx context.Context, tx pgx.Tx, g int64) error
 		tps  []float64 // per round
+		cpu  []float64 // server CPU µs per transaction, per round
 	}
 	withRow := func(event func(ctx context.Context, tx pgx.Tx, oid, g int64) error) func(context.Context, pgx.Tx, int64) error {
 		return func(ctx context.Context, tx pgx.Tx, g int64) error {
@@ -136,12 +137,18 @@ func (b *bench) writersScenario(ctx context.Context) error {
 	for round := range cfg.writersRounds {
 		var parts []string
 		for _, v := range variants {
+			before := b.harnessBackendCPU(ctx)
 			n, took, err := b.writePhase(ctx, cfg.writersConns, cfg.writersPhase, &seq, v.tx)
 			if err != nil {
 				return fmt.Errorf("%s: %w", v.name, err)
 			}
 			v.tps = append(v.tps, float64(n)/took.Seconds())
-			parts = append(parts, fmt.Sprintf("%s %.0f/s", v.name, v.tps[round]))
+			part := fmt.Sprintf("%s %.0f/s", v.name, v.tps[round])
+			if used, ok := cpuSince(before, b.harnessBackendCPU(ctx)); ok && n > 0 {
+				v.cpu = append(v.cpu, float64(used.Microseconds())/float64(n))
+				part += fmt.Sprintf(" %.0f µs", v.cpu[round])
+			}
+			parts = append(parts, part)
 		}
 		b.rep.line("round %d: %s (load avg %s)", round+1, strings.Join(parts, ", "), loadAvg())
 	}
@@ -159,6 +166,20 @@ func (b *bench) writersScenario(ctx context.Context) error {
 	for _, c := range []struct{ i, base int }{{appended, hand}, {appendedAuto, hand}, {queued, handBatched}, {queuedAuto, handBatched}, {captured, hand}} {
 		b.rep.key("writers %s: %s tx/s; %sx plain; %sx the hand-written INSERT%s", variants[c.i].name, spread(variants[c.i].tps, "%.0f"),
 			spread(ratio(c.i, plain), "%.2f"), spread(ratio(c.i, c.base), "%.2f"), map[bool]string{true: ", batched", false: ""}[c.base == handBatched])
+	}
+	if len(variants[plain].cpu) == cfg.writersRounds {
+		var parts []string
+		for _, v := range variants {
+			if len(v.cpu) != cfg.writersRounds {
+				continue
+			}
+			d := make([]float64, len(v.cpu))
+			for r := range v.cpu {
+				d[r] = v.cpu[r] - variants[plain].cpu[r]
+			}
+			parts = append(parts, fmt.Sprintf("%s %s µs (+%s)", v.name, spread(v.cpu, "%.0f"), spread(d, "%.0f")))
+		}
+		b.rep.key("writers server CPU per transaction (the harness's backends, /proc schedstat): %s", strings.Join(parts, "; "))
 	}
 	b.rep.goal(median(ratio(appended, plain)) >= 0.85, "writers with Outbox.Append >= 0.85x plain: %.2fx", median(ratio(appended, plain)))
 	for _, c := range []struct{ i, base int }{{appended, hand}, {appendedAuto, hand}, {queued, handBatched}, {queuedAuto, handBatched}} {
@@ -196,6 +217,42 @@ func (b *bench) writePhase(ctx context.Context, conns int, d time.Duration, seq 
 		return 0, 0, *p
 	}
 	return n.Load(), time.Since(start), ctx.Err()
+}
+
+// harnessBackendCPU is the time on CPU of each of the harness pool's
+// backends (application_name benchharness), or nil when the server's
+// processes are not readable here.
+func (b *bench) harnessBackendCPU(ctx context.Context) map[int]time.Duration {
+	rows, err := b.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = 'benchharness'`)
+	if err != nil {
+		return nil
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil
+	}
+	out := map[int]time.Duration{}
+	for _, p := range pids {
+		c, ok := schedCPU([]int{p})
+		if !ok {
+			return nil
+		}
+		out[p] = c
+	}
+	return out
+}
+
+// cpuSince adds up what each backend used between two readings; one that
+// appeared in between counts from its start.
+func cpuSince(before, after map[int]time.Duration) (time.Duration, bool) {
+	if before == nil || after == nil {
+		return 0, false
+	}
+	var sum time.Duration
+	for p, c := range after {
+		sum += c - before[p]
+	}
+	return sum, true
 }
 
 // orderDoc is the business row as the event's document.
