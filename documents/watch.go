@@ -99,11 +99,24 @@ func AddWatch(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts W
 	if err != nil {
 		return fail(err.Error(), nil)
 	}
+	if mode == "row" && !skipKeyFormRule {
+		if err := keyForm(opts.Key); err != nil {
+			return fail(err.Error(), nil)
+		}
+	}
 	if err := checkKey(ctx, conn.Conn().PgConn(), keySQL, rowType); err != nil {
 		return fail(err.Error(), errors.Unwrap(err))
 	}
 	w := &Watch{Index: opts.Index, Table: tableSQL, Key: opts.Key, KeySQL: keySQL, Trigger: triggerName(opts.Index), WatchedBy: opts.Operator, tableSQL: tableSQL}
+	var refused error
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// The statement the trigger will EXECUTE, built by the same
+		// function, over no rows: a key its $1 rewrite breaks is refused
+		// here, and the transaction installs nothing.
+		if _, err := tx.Exec(ctx, `SELECT `+id+`.watch_check($1::oid::regclass, $2, $3)`, tableOID, keySQL, mode); err != nil {
+			refused = keyError("the trigger cannot run it (with $1 rewritten to each changed row)", err)
+			return err
+		}
 		// Three statement-level triggers (see watch_install in migration
 		// 0040): the key runs once per statement over its transition tables.
 		if _, err := tx.Exec(ctx, `SELECT `+id+`.watch_install($1::oid::regclass, $2, $3, $4, $5)`,
@@ -121,6 +134,9 @@ func AddWatch(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts W
 			"index": opts.Index, "table": tableSQL, "key": opts.Key, "key_sql": keySQL,
 		})
 	})
+	if refused != nil {
+		return fail(refused.Error(), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("documents: watch %s on %s: %w", opts.Index, tableSQL, err)
 	}

@@ -31,6 +31,48 @@ BEGIN
 END
 $$;
 
+-- watch_statement is the SQL text watch_trigger EXECUTEs for a statement
+-- of event op on tbl: for a 'query' key the distinct rows' texts, for a
+-- 'row' key the distinct non-NULL ids its rewritten key returns, as one
+-- text[]. old_rows and new_rows name the rows: the transition tables in
+-- the trigger, an empty set of tbl's rows in watch_check. One function
+-- builds both, so the check runs exactly what the trigger will.
+CREATE FUNCTION {{schema}}.watch_statement(tbl regclass, op text, key_sql text, mode text, old_rows text, new_rows text) RETURNS text
+-- STABLE: the table's name is as the search_path spells it.
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    -- The transition tables' rows are records: cast to the table's type,
+    -- which the key was checked against.
+    src text := CASE op
+        WHEN 'INSERT' THEN format('SELECT o::%s AS outboxd_row FROM %s o', tbl, new_rows)
+        WHEN 'DELETE' THEN format('SELECT o::%s AS outboxd_row FROM %s o', tbl, old_rows)
+        ELSE format('SELECT o::%1$s AS outboxd_row FROM %2$s o UNION ALL SELECT o::%1$s FROM %3$s o', tbl, old_rows, new_rows) END;
+BEGIN
+    IF mode = 'query' THEN
+        RETURN 'SELECT array_agg(DISTINCT outboxd_row::text) FROM (' || src || ') AS outboxd_rows';
+    END IF;
+    RETURN 'SELECT array_agg(DISTINCT q.k::text) FROM (' || src || ') AS outboxd_rows, LATERAL ('
+        || {{schema}}.watch_key_rows(key_sql) || ') AS q(k) WHERE q.k IS NOT NULL';
+END
+$$;
+
+-- watch_check runs, for each event, the statement watch_trigger would
+-- EXECUTE over an empty set of tbl's rows, so that a key the $1 rewrite
+-- breaks fails when it is watched, not at the first write to tbl.
+-- Package documents calls it before watch_install, in its transaction.
+CREATE FUNCTION {{schema}}.watch_check(tbl regclass, key_sql text, mode text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    none text := format('(SELECT (NULL::%s).* LIMIT 0)', tbl);
+    op   text;
+    vals text[];
+BEGIN
+    FOREACH op IN ARRAY ARRAY['INSERT', 'UPDATE', 'DELETE'] LOOP
+        EXECUTE {{schema}}.watch_statement(tbl, op, key_sql, mode, none, none) INTO vals;
+    END LOOP;
+END
+$$;
+
 -- watch_trigger refreshes, for the rows a statement changed, the
 -- documents their key names: for the old rows and the new ones of an
 -- UPDATE (a child moved to another parent refreshes both). TG_ARGV[0] is
@@ -45,17 +87,12 @@ CREATE OR REPLACE FUNCTION {{schema}}.watch_trigger() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     idx  text := TG_ARGV[0];
-    -- The transition tables' rows are records: cast to the table's type,
-    -- which the key was checked against.
-    src  text := CASE TG_OP
-        WHEN 'INSERT' THEN format('SELECT o::%s AS outboxd_row FROM outboxd_new o', TG_RELID::regclass)
-        WHEN 'DELETE' THEN format('SELECT o::%s AS outboxd_row FROM outboxd_old o', TG_RELID::regclass)
-        ELSE format('SELECT o::%1$s AS outboxd_row FROM outboxd_old o UNION ALL SELECT o::%1$s FROM outboxd_new o', TG_RELID::regclass) END;
+    stmt text := {{schema}}.watch_statement(TG_RELID::regclass, TG_OP, TG_ARGV[1], TG_ARGV[2], 'outboxd_old', 'outboxd_new');
     vals text[];
     bad  text;
 BEGIN
     IF TG_ARGV[2] = 'query' THEN
-        EXECUTE 'SELECT array_agg(DISTINCT outboxd_row::text) FROM (' || src || ') AS outboxd_rows' INTO vals;
+        EXECUTE stmt INTO vals;
         IF vals IS NULL THEN
             RETURN NULL;
         END IF;
@@ -68,8 +105,7 @@ BEGIN
         FROM unnest(vals) AS r;
         RETURN NULL;
     END IF;
-    EXECUTE 'SELECT array_agg(DISTINCT q.k::text) FROM (' || src || ') AS outboxd_rows, LATERAL ('
-        || {{schema}}.watch_key_rows(TG_ARGV[1]) || ') AS q(k) WHERE q.k IS NOT NULL' INTO vals;
+    EXECUTE stmt INTO vals;
     IF vals IS NULL THEN
         RETURN NULL;
     END IF;
