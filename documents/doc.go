@@ -39,8 +39,13 @@
 // parent refreshes both), each id once per statement, all with one
 // INSERT ... SELECT; refresh()'s checks apply with its error texts. A
 // row key is run once over the whole transition table ($1 rewritten to
-// its row; $1 inside a quoted string is left alone). TRUNCATE is not
-// watched.
+// its row; $1 inside a quoted string is left alone). The rewrite knows
+// '...' strings and "..." identifiers only, so AddWatch refuses a row key
+// with an E'...' string, a dollar-quoted string or a comment outside
+// them, and runs the statement the trigger will EXECUTE (watch_statement
+// builds it for both) over no rows before installing: a key the rewrite
+// breaks is refused with PostgreSQL's message and nothing is installed.
+// TRUNCATE is not watched.
 //
 // A column or expression key reads only the row, and the trigger appends
 // its refreshes. A query key reads other tables, and run in the trigger it
