@@ -163,7 +163,7 @@ func Drop(ctx context.Context, pool *pgxpool.Pool, schemaName, index, operator s
 			return err
 		}
 		for _, w := range watches {
-			if _, err := tx.Exec(ctx, `DROP TRIGGER IF EXISTS `+pgx.Identifier{w.Trigger}.Sanitize()+` ON `+w.tableSQL); err != nil {
+			if err := dropTriggers(ctx, tx, w.Trigger, w.tableSQL); err != nil {
 				return err
 			}
 		}

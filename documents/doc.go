@@ -29,13 +29,23 @@
 // A refresh event (SQL <schema>.refresh(index, source_id), Go
 // outbox.Outbox.Refresh) says "this document may have changed"; it is
 // appended in the business transaction, like an append, and carries no
-// document. AddWatch installs a row trigger on a contributing table that
-// appends the refreshes for a changed row: its key gives the source ids of
-// the row, with $1 the row (a column, tutorial_id; an expression,
+// document. AddWatch installs statement-level triggers on a contributing
+// table (one per event, with transition tables) that append the
+// refreshes for the rows a statement changed: its key gives the source
+// ids of a row, with $1 the row (a column, tutorial_id; an expression,
 // $1.tutorial_id; or a query, SELECT t.id FROM tutorials t WHERE
-// t.author_id = $1.id). INSERT and DELETE refresh the row's ids, UPDATE
-// those of the old row and of the new one (a child moved to another
-// parent refreshes both), each id once per row. TRUNCATE is not watched.
+// t.author_id = $1.id). INSERT and DELETE refresh the rows' ids, UPDATE
+// those of the old rows and of the new ones (a child moved to another
+// parent refreshes both), each id once per statement, all with one
+// INSERT ... SELECT; refresh()'s checks apply with its error texts. A
+// row key is run once over the whole transition table ($1 rewritten to
+// its row; $1 inside a quoted string is left alone). The rewrite knows
+// '...' strings and "..." identifiers only, so AddWatch refuses a row key
+// with an E'...' string, a dollar-quoted string or a comment outside
+// them, and runs the statement the trigger will EXECUTE (watch_statement
+// builds it for both) over no rows before installing: a key the rewrite
+// breaks is refused with PostgreSQL's message and nothing is installed.
+// TRUNCATE is not watched.
 //
 // A column or expression key reads only the row, and the trigger appends
 // its refreshes. A query key reads other tables, and run in the trigger it
@@ -43,7 +53,9 @@
 // renamed while a tutorial, not yet committed, moves to that author; the
 // move commits, the relay reads the tutorial with the old name, the rename
 // commits, and its trigger never saw the tutorial. So the trigger appends
-// one fan-out refresh carrying the row (its text form, in the headers),
+// one fan-out refresh per distinct changed row of the statement, carrying
+// the row (its text form, in the headers; a row an UPDATE left unchanged
+// is carried once, as its old row),
 // and the relay runs the key query in the snapshot of its read, which
 // sees the rename: a link committed before that snapshot is found, and one
 // committed after it has a refresh of its own, read later still. Every

@@ -17,10 +17,12 @@ import (
 	"github.com/outboxd/outboxd/schema"
 )
 
-// Watch is a trigger outboxd installed on a contributing table: every
-// INSERT, UPDATE and DELETE of a row appends a refresh of each source id
-// the key returns for the row (for the old and the new row on an UPDATE,
-// each id once).
+// Watch is the triggers outboxd installed on a contributing table: every
+// INSERT, UPDATE and DELETE statement appends a refresh of each source id
+// the key returns for the rows it changed (for the old and the new rows
+// of an UPDATE, each id once per statement). They are statement-level
+// triggers with transition tables, one per event: Trigger (UPDATE),
+// Trigger_insert and Trigger_delete.
 type Watch struct {
 	Index     string    `json:"index"`
 	Table     string    `json:"table"`
@@ -97,19 +99,28 @@ func AddWatch(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts W
 	if err != nil {
 		return fail(err.Error(), nil)
 	}
+	if mode == "row" && !skipKeyFormRule {
+		if err := keyForm(opts.Key); err != nil {
+			return fail(err.Error(), nil)
+		}
+	}
 	if err := checkKey(ctx, conn.Conn().PgConn(), keySQL, rowType); err != nil {
 		return fail(err.Error(), errors.Unwrap(err))
 	}
 	w := &Watch{Index: opts.Index, Table: tableSQL, Key: opts.Key, KeySQL: keySQL, Trigger: triggerName(opts.Index), WatchedBy: opts.Operator, tableSQL: tableSQL}
+	var refused error
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		var ddl string
-		// format() quotes the trigger's name and arguments; the schema is
-		// an argument, not part of the format string (it may hold a %).
-		if err := tx.QueryRow(ctx, `SELECT format('CREATE OR REPLACE TRIGGER %I AFTER INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s.watch_trigger(%L, %L, %L)',
-			$1::text, $2::oid::regclass, $3::text, $4::text, $5::text, $6::text)`, w.Trigger, tableOID, id, opts.Index, keySQL, mode).Scan(&ddl); err != nil {
+		// The statement the trigger will EXECUTE, built by the same
+		// function, over no rows: a key its $1 rewrite breaks is refused
+		// here, and the transaction installs nothing.
+		if _, err := tx.Exec(ctx, `SELECT `+id+`.watch_check($1::oid::regclass, $2, $3)`, tableOID, keySQL, mode); err != nil {
+			refused = keyError("the trigger cannot run it (with $1 rewritten to each changed row)", err)
 			return err
 		}
-		if _, err := tx.Exec(ctx, ddl); err != nil {
+		// Three statement-level triggers (see watch_install in migration
+		// 0040): the key runs once per statement over its transition tables.
+		if _, err := tx.Exec(ctx, `SELECT `+id+`.watch_install($1::oid::regclass, $2, $3, $4, $5)`,
+			tableOID, w.Trigger, opts.Index, keySQL, mode); err != nil {
 			return err
 		}
 		if err := tx.QueryRow(ctx, `INSERT INTO `+id+`.document_watches AS w (index_name, tbl, key, key_sql, trigger_name, watched_by)
@@ -123,6 +134,9 @@ func AddWatch(ctx context.Context, pool *pgxpool.Pool, schemaName string, opts W
 			"index": opts.Index, "table": tableSQL, "key": opts.Key, "key_sql": keySQL,
 		})
 	})
+	if refused != nil {
+		return fail(refused.Error(), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("documents: watch %s on %s: %w", opts.Index, tableSQL, err)
 	}
@@ -148,11 +162,23 @@ func RemoveWatch(ctx context.Context, pool *pgxpool.Pool, schemaName, index, tab
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `DROP TRIGGER IF EXISTS `+pgx.Identifier{w.Trigger}.Sanitize()+` ON `+w.Table); err != nil {
+		if err := dropTriggers(ctx, tx, w.Trigger, w.Table); err != nil {
 			return err
 		}
 		return audit(ctx, tx, id, operator, "documents.unwatch", map[string]any{"index": index, "table": w.Table, "key": w.Key})
 	})
+}
+
+// dropTriggers drops a watch's triggers: name (UPDATE, and every event
+// before migration 0040 made watches statement-level), name_insert and
+// name_delete.
+func dropTriggers(ctx context.Context, tx pgx.Tx, name, table string) error {
+	for _, n := range []string{name, name + "_insert", name + "_delete"} {
+		if _, err := tx.Exec(ctx, `DROP TRIGGER IF EXISTS `+pgx.Identifier{n}.Sanitize()+` ON `+table); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func listWatches(ctx context.Context, db Querier, id, index string) ([]Watch, error) {
