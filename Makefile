@@ -81,6 +81,8 @@ vet: ## go vet + gofmt check, the README's mirrored docs, the Dockerfile's build
 	go vet -tags restart ./...
 	scripts/check-docs
 	scripts/check-dockerfile
+	@# A merge's conflict markers left in any tracked file.
+	@if git grep -nE '^(<<<<<<< |>>>>>>> |=======$$)' -- ':!*.lock' >/dev/null 2>&1; then echo "conflict markers:"; git grep -nE '^(<<<<<<< |>>>>>>> |=======$$)'; exit 1; fi
 	@files="$$(find . \( -name '.?*' -o -name testdata \) -prune -o -type f -name '*.go' -print)"; \
 	unformatted="$$(if [[ -n $$files ]]; then gofmt -l $$files; fi)"; \
 	if [[ -n $$unformatted ]]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
