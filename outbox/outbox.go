@@ -177,11 +177,8 @@ func (o *Outbox) Queue(b *pgx.Batch, e Event) error {
 }
 
 // statement is the SQL that appends a valid e and returns its id: a plain
-// INSERT for an explicit version, the SQL append for an automatic one. The
-// schema's outboxd_check trigger checks both again and assigns the
-// automatic version (a plain INSERT with a NULL version would get one
-// too, but only from schemas migrated since, so append stays the call an
-// application upgraded before its outbox can make).
+// INSERT for an explicit version, the SQL append (which owns the counter)
+// for an automatic one.
 func (o *Outbox) statement(e *Event) (string, []any) {
 	if e.Version == 0 {
 		return `SELECT ` + o.ident + `.append($1, $2, NULL, $3, $4, $5, $6)`,
