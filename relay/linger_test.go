@@ -91,9 +91,12 @@ func TestRelayLinger(t *testing.T) {
 			a, _ := sink.arrived(id)
 			worst = max(worst, a.Sub(c))
 		}
-		// The linger, plus a poll interval and a loaded machine's margin.
-		if worst > cfg.Linger+500*time.Millisecond {
-			t.Errorf("an event took %v from commit to the sink; want within the 300ms linger and a margin", worst)
+		// The linger ends on its timer, not at LingerDocs (1000, never
+		// reached here). The bound leaves room for a machine with ten
+		// test suites per core (1.3 s was seen); the latency itself is
+		// measured by scripts/bench's lowrate scenario, not here.
+		if worst > cfg.Linger+2500*time.Millisecond {
+			t.Errorf("an event took %v from commit to the sink; want the 300ms linger to end on its timer", worst)
 		}
 		t.Logf("%d writes; slowest event %v", writes, worst.Round(time.Millisecond))
 	})

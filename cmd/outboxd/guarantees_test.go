@@ -237,7 +237,7 @@ func TestGuaranteeRelayCommandMetricsEnvAndLogs(t *testing.T) {
 		return string(b), err
 	}
 	var body string
-	schematest.Eventually(t, 20*time.Second, "the relay applied every event and ran the retention job (admin server on OUTBOXD_ADMIN_ADDR)", func() bool {
+	schematest.Eventually(t, 60*time.Second, "the relay applied every event and ran the retention job (admin server on OUTBOXD_ADMIN_ADDR)", func() bool {
 		select {
 		case err := <-done:
 			stopped = true
