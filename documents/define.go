@@ -304,28 +304,14 @@ func checkSQL(ctx context.Context, pool *pgxpool.Pool, sql string, timeout time.
 	// The trial run: in READ ONLY, so a writing definition (a data
 	// modifying CTE, a function that writes) fails here and not in the
 	// relay, and under a statement timeout.
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("cannot run the SQL: %w", err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(1, timeout.Milliseconds()))); err != nil {
-		return fmt.Errorf("cannot run the SQL: %w", err)
-	}
-	var n int
-	rows, err := tx.Query(ctx, sql, []string{})
-	if err == nil {
-		for rows.Next() {
-			n++
-		}
-		rows.Close()
-		err = rows.Err()
-	}
-	var pgErr *pgconn.PgError
+	n, err := trialRun(ctx, conn, timeout, sql, []string{})
+	var setup *trialSetupError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "25006":
+	case errors.As(err, &setup):
+		return fmt.Errorf("cannot run the SQL: %w", setup.err)
+	case sqlState(err) == "25006":
 		return sqlError("it is not read-only", err)
-	case errors.As(err, &pgErr) && pgErr.Code == "57014":
+	case sqlState(err) == "57014":
 		return sqlError(fmt.Sprintf("it did not finish within %v on an empty id list", timeout), err)
 	case err != nil:
 		return sqlError("it fails on an empty id list", err)
@@ -349,4 +335,44 @@ func typeName(ctx context.Context, conn *pgxpool.Conn, oid uint32) string {
 		return fmt.Sprintf("type %d", oid)
 	}
 	return name
+}
+
+// trialRun runs sql once on conn in a READ ONLY transaction under timeout
+// as its statement timeout, so a statement that writes (a data-modifying
+// CTE, a function that writes) or hangs fails at declaration and not in
+// the relay, and counts its rows. A failure to open that transaction is
+// a *trialSetupError; the statement's own failure is returned as it is.
+func trialRun(ctx context.Context, conn *pgxpool.Conn, timeout time.Duration, sql string, args ...any) (int, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return 0, &trialSetupError{err}
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(1, timeout.Milliseconds()))); err != nil {
+		return 0, &trialSetupError{err}
+	}
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	return n, rows.Err()
+}
+
+// trialSetupError means trialRun could not open its transaction.
+type trialSetupError struct{ err error }
+
+func (e *trialSetupError) Error() string { return e.err.Error() }
+
+// sqlState is err's SQLSTATE, or "" when PostgreSQL did not answer one.
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }

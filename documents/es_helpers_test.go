@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/outboxd/outboxd/documents"
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/relay/relaytest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -186,23 +186,6 @@ func docSink(t testing.TB, e *env, x *esEnv, reg prometheus.Registerer) *documen
 // the test ends).
 func (e *env) runRelay(t *testing.T, sink relay.Sink) (stop func()) {
 	t.Helper()
-	r, err := relay.New(relay.Config{Pool: e.pool, Schema: e.schema, Sink: sink, LeaseInterval: 100 * time.Millisecond,
+	return relaytest.Start(t, relay.Config{Pool: e.pool, Schema: e.schema, Sink: sink, LeaseInterval: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }

@@ -72,28 +72,16 @@ func checkIDsSQL(ctx context.Context, pool *pgxpool.Pool, sql string, timeout ti
 	if len(sd.Fields) != 1 {
 		return fmt.Errorf("ids_sql: returns %d columns; it must return one, the source_id (as the table's key, e.g. SELECT id FROM tutorials)", len(sd.Fields))
 	}
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return fmt.Errorf("cannot run the ids SQL: %w", err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", max(1, timeout.Milliseconds()))); err != nil {
-		return fmt.Errorf("cannot run the ids SQL: %w", err)
-	}
 	// Wrapped as the tools wrap it (a cursor over a subquery), so a
 	// statement that cannot be a subquery fails here.
-	rows, err := tx.Query(ctx, `SELECT q.id::text FROM (`+sql+`) AS q(id) LIMIT 1`)
-	if err == nil {
-		for rows.Next() {
-		}
-		rows.Close()
-		err = rows.Err()
-	}
-	var pgErr *pgconn.PgError
+	_, err = trialRun(ctx, conn, timeout, `SELECT q.id::text FROM (`+sql+`) AS q(id) LIMIT 1`)
+	var setup *trialSetupError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "25006":
+	case errors.As(err, &setup):
+		return fmt.Errorf("cannot run the ids SQL: %w", setup.err)
+	case sqlState(err) == "25006":
 		return idsError("it is not read-only", err)
-	case errors.As(err, &pgErr) && pgErr.Code == "57014":
+	case sqlState(err) == "57014":
 		return idsError(fmt.Sprintf("its first row did not come within %v", timeout), err)
 	case err != nil:
 		return idsError("it fails", err)

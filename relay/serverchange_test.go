@@ -47,10 +47,10 @@ func TestLeaderReadingFromAnotherServerLeadsAgainFromTheStoredPosition(t *testin
 	relay.MoveReadPositionAfterFirstPage(&cfg, 1<<32)
 	ids := e.append(t, 50)
 	stop := start(t, cfg)
-	schematest.Eventually(t, 20*time.Second, "the first 50 events delivered", func() bool { return sink.delivered() == len(ids) })
+	schematest.Eventually(t, 60*time.Second, "the first 50 events delivered", func() bool { return sink.delivered() == len(ids) })
 	more := e.append(t, 50)
-	schematest.Eventually(t, 20*time.Second, "the next 50 events delivered", func() bool { return sink.delivered() == len(ids)+len(more) })
-	schematest.Eventually(t, 20*time.Second, "backlog zero", func() bool { return e.backlog(t) == 0 })
+	schematest.Eventually(t, 60*time.Second, "the next 50 events delivered", func() bool { return sink.delivered() == len(ids)+len(more) })
+	schematest.Eventually(t, 60*time.Second, "backlog zero", func() bool { return e.backlog(t) == 0 })
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v\n%s", err, logs.String())
 	}

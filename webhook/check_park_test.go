@@ -79,12 +79,11 @@ func TestCheckErrorParked(t *testing.T) {
 	took := lastAt.Sub(began)
 	rcv.mu.Unlock()
 	slow := e.delivery(t, "hook", "slow")
-	// retry_inline, one attempt (check_timeout and timeout), and slack.
-	bound := 4 * time.Second
-	t.Logf("the %d others were delivered %s after the append (bound %s); the slow message was %s then", others, took.Round(time.Millisecond), bound, slow.State)
-	if took > bound {
-		t.Errorf("the others took %s, want at most %s: the slow message's check held them back", took.Round(time.Millisecond), bound)
-	}
+	t.Logf("the %d others were delivered %s after the append; the slow message was %s then", others, took.Round(time.Millisecond), slow.State)
+	// The order, not a wall-clock bound, is the proof: held back by the
+	// slow message's in-line check runs, the others would arrive only after
+	// it had failed (it did, on the code before the parking); parked, it is
+	// still retrying when the last of them arrives.
 	if slow.State != webhook.StateRetrying || slow.NextAttemptAt == nil || slow.Attempts != 0 || !strings.Contains(slow.LastError, "SQLSTATE 57014") {
 		t.Fatalf("slow: state %s, next attempt %v, %d attempts, last error %q; want retrying, a next attempt, none charged, the check's error",
 			slow.State, slow.NextAttemptAt, slow.Attempts, slow.LastError)

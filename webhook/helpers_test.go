@@ -21,6 +21,7 @@ import (
 
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/relay/relaytest"
 	"github.com/outboxd/outboxd/schema/schematest"
 	"github.com/outboxd/outboxd/webhook"
 )
@@ -151,24 +152,7 @@ func relayConfig(pool *pgxpool.Pool, schemaName string, ss []relay.Stream) relay
 // start runs a relay in this process until stop or the test's end.
 func start(t testing.TB, cfg relay.Config) (stop func()) {
 	t.Helper()
-	r, err := relay.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return relaytest.Start(t, cfg)
 }
 
 // faults are the receiver's misbehaviours, as probabilities per request.

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/outboxd/outboxd/indexer"
 	"github.com/outboxd/outboxd/internal/estest"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/relay/relaytest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -109,26 +109,9 @@ func (d *Docs) Sink(t testing.TB, next documents.Next) *documents.Sink {
 // stop (or the test's end).
 func (d *Docs) StartRelay(t *testing.T) (stop func()) {
 	t.Helper()
-	r, err := relay.New(relay.Config{Pool: d.Pool, Schema: d.Schema, Sink: d.Sink(t, nil), LeaseInterval: 100 * time.Millisecond,
+	return relaytest.Start(t, relay.Config{Pool: d.Pool, Schema: d.Schema, Sink: d.Sink(t, nil), LeaseInterval: 100 * time.Millisecond,
 		BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
 		Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
 }
 
 // WaitBacklog waits until the relay runs its stream and has acknowledged

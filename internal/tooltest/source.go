@@ -25,6 +25,7 @@ import (
 	"github.com/outboxd/outboxd/internal/estest"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/relay/relaytest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -231,28 +232,13 @@ func (e *Source) StartRelay(t *testing.T) (stop func()) {
 		t.Fatal(err)
 	}
 	streams[0].Exclude = []string{outbox.MessagePrefix + "*"}
-	r, err := relay.New(relay.Config{
+	// Start's cleanup stops it before the schema is dropped, also when
+	// the test fails early.
+	return relaytest.Start(t, relay.Config{
 		Pool: e.Pool, Schema: e.Schema, Sink: NewSink(t, indexer.Options{Client: e.ES}), Streams: streams,
 		BackoffBase: 50 * time.Millisecond, BackoffMax: time.Second,
 		Registerer: prometheus.NewRegistry(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop) // before the schema is dropped, also when the test fails early
-	return stop
 }
 
 // StartRelayProcess runs `outboxd relay` as a child process; kill

@@ -178,32 +178,13 @@ func loadArticles(ctx context.Context, pool *pgxpool.Pool, schemaName string, n,
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id bigint PRIMARY KEY, version bigint NOT NULL, title text NOT NULL, body text NOT NULL)`); err != nil {
 		return "", 0, err
 	}
-	const chunk = 10_000
-	var next atomic.Int64
-	next.Store(1)
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				lo := next.Add(chunk) - chunk
-				if lo > int64(n) || ctx.Err() != nil {
-					return
-				}
-				hi := min(lo+chunk-1, int64(n))
-				if _, err := pool.Exec(ctx, `INSERT INTO `+table+` SELECT g, 1, 'tutorial ' || g, $3::text FROM generate_series($1::bigint, $2::bigint) g`,
-					lo, hi, articleBody); err != nil {
-					errs <- fmt.Errorf("load articles: %w", err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := inChunks(ctx, n, workers, func(lo, hi int64) error {
+		if _, err := pool.Exec(ctx, `INSERT INTO `+table+` SELECT g, 1, 'tutorial ' || g, $3::text FROM generate_series($1::bigint, $2::bigint) g`,
+			lo, hi, articleBody); err != nil {
+			return fmt.Errorf("load articles: %w", err)
+		}
+		return nil
+	}); err != nil {
 		return "", 0, err
 	}
 	for _, q := range []string{`VACUUM (ANALYZE) ` + table, `CHECKPOINT`} {

@@ -55,36 +55,17 @@ func (t docTables) load(ctx context.Context, pool *pgxpool.Pool, schemaName, ind
 			return 0, fmt.Errorf("documents tables: %w", err)
 		}
 	}
-	const chunk = 10_000
-	var next atomic.Int64
-	next.Store(1)
-	errs := make(chan error, workers)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				lo := next.Add(chunk) - chunk
-				if lo > int64(n) || ctx.Err() != nil {
-					return
-				}
-				hi := min(lo+chunk-1, int64(n))
-				for q, arg := range map[string]int{
-					`INSERT INTO ` + t.parents + ` SELECT g, CASE WHEN g <= $3 THEN 1 ELSE 2 + g % 1000 END, 'parent ' || g, 1 FROM generate_series($1::bigint, $2::bigint) g`:                                                   fanout,
-					`INSERT INTO ` + t.children + ` SELECT (g - 1) * $3 + k, g, 'child ' || k || ' of parent ' || g || ', ' || repeat('x', 40) FROM generate_series($1::bigint, $2::bigint) g, generate_series(1, $3::bigint) k`: children,
-				} {
-					if _, err := pool.Exec(ctx, q, lo, hi, arg); err != nil {
-						errs <- fmt.Errorf("load documents tables: %w", err)
-						return
-					}
-				}
+	if err := inChunks(ctx, n, workers, func(lo, hi int64) error {
+		for q, arg := range map[string]int{
+			`INSERT INTO ` + t.parents + ` SELECT g, CASE WHEN g <= $3 THEN 1 ELSE 2 + g % 1000 END, 'parent ' || g, 1 FROM generate_series($1::bigint, $2::bigint) g`:                                                   fanout,
+			`INSERT INTO ` + t.children + ` SELECT (g - 1) * $3 + k, g, 'child ' || k || ' of parent ' || g || ', ' || repeat('x', 40) FROM generate_series($1::bigint, $2::bigint) g, generate_series(1, $3::bigint) k`: children,
+		} {
+			if _, err := pool.Exec(ctx, q, lo, hi, arg); err != nil {
+				return fmt.Errorf("load documents tables: %w", err)
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+		}
+		return nil
+	}); err != nil {
 		return 0, err
 	}
 	for _, q := range []string{
