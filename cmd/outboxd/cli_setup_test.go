@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/relay"
+	"github.com/outboxd/outboxd/relay/relaytest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -66,19 +67,7 @@ func (e *cliEnv) runRelay(t *testing.T) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("relay: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
+	stop = relaytest.Run(t, r)
 	schematest.Eventually(t, 20*time.Second, "the relay leads", func() bool { return len(r.Leading()) == 1 })
 	return stop
 }

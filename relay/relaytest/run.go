@@ -18,6 +18,13 @@ func Start(t testing.TB, cfg relay.Config) (stop func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return Run(t, r)
+}
+
+// Run runs r (for a caller that keeps it, to watch Leading and the like)
+// as Start does.
+func Run(t testing.TB, r *relay.Relay) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
