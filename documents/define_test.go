@@ -182,7 +182,8 @@ func TestDefine(t *testing.T) {
 			t.Fatal(err)
 		}
 		var triggers int
-		if err := e.pool.QueryRow(ctx, e.sql(`SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'outboxd_%' AND tgrelid IN ('{s}.tutorials'::regclass, '{s}.tags'::regclass, '{s}.authors'::regclass, '{s}.events'::regclass)`)).Scan(&triggers); err != nil || triggers != 0 {
+		// outboxd_check holds the outbox's own rules on every event: not the guard's.
+		if err := e.pool.QueryRow(ctx, e.sql(`SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'outboxd_%' AND tgname <> 'outboxd_check' AND tgrelid IN ('{s}.tutorials'::regclass, '{s}.tags'::regclass, '{s}.authors'::regclass, '{s}.events'::regclass)`)).Scan(&triggers); err != nil || triggers != 0 {
 			t.Fatalf("%d outboxd triggers left, %v", triggers, err)
 		}
 		// Writes to the watched tables no longer refresh, and the index

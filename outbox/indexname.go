@@ -13,9 +13,9 @@ import (
 // index's alias, into that index's documents.
 //
 // The SQL copy is the function reserved_suffix in
-// schema/migrations/0004_index_names.sql, used by append and by the
-// events table's CHECK constraint; TestIndexNameRulesAgree checks that Go
-// and SQL accept and refuse the same names.
+// schema/migrations/0004_index_names.sql, used by the events table's
+// check trigger (0042, which append goes through); TestIndexNameRulesAgree
+// checks that Go and SQL accept and refuse the same names.
 var reservedSuffixes = []string{"-read", "-write", "-######"}
 
 // MaxIndexNameBytes is the longest index name outboxd accepts:

@@ -178,7 +178,8 @@ func (o *Outbox) Queue(b *pgx.Batch, e Event) error {
 
 // statement is the SQL that appends a valid e and returns its id: a plain
 // INSERT for an explicit version, the SQL append (which owns the counter)
-// for an automatic one.
+// for an automatic one. The schema's outboxd_check trigger checks both
+// again on the server.
 func (o *Outbox) statement(e *Event) (string, []any) {
 	if e.Version == 0 {
 		return `SELECT ` + o.ident + `.append($1, $2, NULL, $3, $4, $5, $6)`,

@@ -53,6 +53,13 @@ type config struct {
 	writersPhase  time.Duration
 	writersRounds int
 
+	pgbench        string
+	pgbenchScale   int
+	pgbenchClients int
+	pgbenchThreads int
+	pgbenchPhase   time.Duration
+	pgbenchRounds  int
+
 	lowDuration  time.Duration
 	lowWorkers   int
 	highWorkers  int
@@ -85,13 +92,13 @@ type config struct {
 	keep       bool
 }
 
-var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "lowrate", "idle", "memory", "shutdown", "backfill", "backfillmem", "documents"}
+var scenarioNames = []string{"drain", "wal", "latency", "rss", "e2e", "writers", "pgbench", "lowrate", "idle", "memory", "shutdown", "backfill", "backfillmem", "documents"}
 
 func parseConfig(args []string) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, lowrate, idle, memory, shutdown, backfill, backfillmem, documents (comma-separated, or all).\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: benchharness run [flags]\n\nEvery flag can also be set as BENCH_<FLAG> (e.g. BENCH_DRAIN_N=1000000).\nScenarios: drain, wal, latency, rss, e2e, writers, pgbench, lowrate, idle, memory, shutdown, backfill, backfillmem, documents (comma-separated, or all).\n\nFlags:")
 		fs.PrintDefaults()
 	}
 	str := func(p *string, name, def, usage string) { fs.StringVar(p, name, envString(name, def), usage) }
@@ -125,6 +132,12 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.writersConns, "writers-conns", 8, "writers: client connections, one business transaction at a time each")
 	dur(&c.writersPhase, "writers-phase", 5*time.Second, "writers: length of each phase (plain, Append, Queue, capture)")
 	num(&c.writersRounds, "writers-rounds", 2, "writers: alternations of the phases (>= 2)")
+	str(&c.pgbench, "pgbench", "", "pgbench: the pgbench binary (default: the server's BINDIR, then PATH)")
+	num(&c.pgbenchScale, "pgbench-scale", 10, "pgbench: scale factor of pgbench -i (100,000 accounts and 1 branch per unit)")
+	num(&c.pgbenchClients, "pgbench-clients", 8, "pgbench: clients (-c)")
+	num(&c.pgbenchThreads, "pgbench-threads", 2, "pgbench: threads (-j)")
+	dur(&c.pgbenchPhase, "pgbench-phase", 10*time.Second, "pgbench: length of each phase (-T; plain, hand-written INSERT, append, append with a version)")
+	num(&c.pgbenchRounds, "pgbench-rounds", 3, "pgbench: alternations of the phases")
 	dur(&c.lowDuration, "lowrate-duration", 20*time.Second, "lowrate: paced production per rate (500, 1000, 5000 events/s; the recorded run: 60s)")
 	num(&c.lowWorkers, "lowrate-workers", 8, "lowrate: producer connections, one event per transaction")
 	num(&c.highWorkers, "lowrate-high-workers", 24, "lowrate, memory: producer connections for rates above 1,000/s (8 commit about 2,000 single-event transactions/s here)")
@@ -158,7 +171,8 @@ func parseConfig(args []string) (*config, error) {
 	for name, v := range map[string]int{"drain-n": c.drainN, "naive-n": c.naiveN, "wal-n": c.walN, "wal-repeat": c.walRepeat,
 		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
 		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
-		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "lowrate-workers": c.lowWorkers, "lowrate-high-workers": c.highWorkers,
+		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "pgbench-scale": c.pgbenchScale, "pgbench-clients": c.pgbenchClients,
+		"pgbench-threads": c.pgbenchThreads, "pgbench-rounds": c.pgbenchRounds, "lowrate-workers": c.lowWorkers, "lowrate-high-workers": c.highWorkers,
 		"memory-n": c.memN, "memory-doc-kb": c.memDocKB, "memory-rate": c.memRate, "shutdown-n": c.shutdownN,
 		"backfill-n": c.backfillN, "backfill-repeat": c.backfillRepeat,
 		"backfillmem-kb-n": c.backfillMemKBN, "backfillmem-mb-n": c.backfillMemMBN, "backfillmem-peak-mb": c.backfillMemPeakMB,
@@ -172,6 +186,9 @@ func parseConfig(args []string) (*config, error) {
 	}
 	if c.writersRounds < 2 {
 		return nil, fmt.Errorf("writers-rounds: must be >= 2, got %d", c.writersRounds)
+	}
+	if c.pgbenchPhase < time.Second {
+		return nil, fmt.Errorf("pgbench-phase: must be >= 1s, got %s", c.pgbenchPhase)
 	}
 	if c.memBigMB < 0 {
 		return nil, fmt.Errorf("memory-big-mb: must be >= 0, got %d", c.memBigMB)
@@ -250,6 +267,7 @@ func run(ctx context.Context, args []string) error {
 		{"rss", b.rssScenario},
 		{"e2e", b.e2eScenario},
 		{"writers", b.writersScenario},
+		{"pgbench", b.pgbenchScenario},
 		{"lowrate", b.lowrateScenario},
 		{"idle", b.idleScenario},
 		{"memory", b.memoryScenario},
