@@ -43,6 +43,7 @@ type config struct {
 	e2eN        int
 	e2eNaiveN   int
 	e2ePageDocs int
+	e2eRounds   int
 	bulkDocs    int
 	bulkWorkers int
 
@@ -125,6 +126,7 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.e2eN, "e2e-n", 100_000, "e2e: documents through outbox -> relay -> Elasticsearch and through the raw _bulk loader")
 	num(&c.e2eNaiveN, "e2e-naive-n", 3_000, "e2e: documents through the naive one-request-per-event sink")
 	num(&c.e2ePageDocs, "e2e-page-docs", 4000, "e2e: relay page size; bulk-docs x bulk-workers keeps every worker busy")
+	num(&c.e2eRounds, "e2e-rounds", 1, "e2e: rounds of relay, hand-written loader and raw loader, one after the other; the ratios' median is the verdict (the recorded run: 3)")
 	num(&c.bulkDocs, "bulk-docs", 1000, "e2e, backfill: documents per bulk request (sink and loaders alike)")
 	num(&c.bulkWorkers, "bulk-workers", 4, "e2e, backfill: bulk requests in flight (sink and loaders alike)")
 	str(&c.outboxd, "outboxd", "bin/outboxd", "the outboxd binary that the lowrate, idle, memory, shutdown and backfill scenarios run (scripts/bench builds it)")
@@ -169,7 +171,7 @@ func parseConfig(args []string) (*config, error) {
 		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	for name, v := range map[string]int{"drain-n": c.drainN, "naive-n": c.naiveN, "wal-n": c.walN, "wal-repeat": c.walRepeat,
-		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs,
+		"lat-rate": c.latRate, "lat-workers": c.latWorkers, "e2e-n": c.e2eN, "e2e-naive-n": c.e2eNaiveN, "e2e-page-docs": c.e2ePageDocs, "e2e-rounds": c.e2eRounds,
 		"bulk-docs": c.bulkDocs, "bulk-workers": c.bulkWorkers, "page-docs": c.pageDocs, "prefetch": c.prefetch,
 		"load-tx": c.loadTx, "load-workers": c.loadWorkers, "writers-conns": c.writersConns, "pgbench-scale": c.pgbenchScale, "pgbench-clients": c.pgbenchClients,
 		"pgbench-threads": c.pgbenchThreads, "pgbench-rounds": c.pgbenchRounds, "lowrate-workers": c.lowWorkers, "lowrate-high-workers": c.highWorkers,
