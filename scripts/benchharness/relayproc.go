@@ -173,7 +173,7 @@ type warmRelay struct {
 	unwatch       func()
 }
 
-func (b *bench) startWarmRelay(ctx context.Context, proxy *esProxy, n int) (*warmRelay, error) {
+func (b *bench) startWarmRelay(ctx context.Context, proxy *esProxy, n int, extra ...string) (*warmRelay, error) {
 	s, err := b.newSchema(ctx)
 	if err != nil {
 		return nil, err
@@ -184,7 +184,7 @@ func (b *bench) startWarmRelay(ctx context.Context, proxy *esProxy, n int) (*war
 	}
 	w := &warmRelay{schema: s, index: b.newIndexName(), ob: ob, at: newAckTimes(n)}
 	w.unwatch = w.at.watch(proxy)
-	if w.p, err = b.startRelay(ctx, s, w.index, proxy.url); err != nil {
+	if w.p, err = b.startRelay(ctx, s, w.index, proxy.url, extra...); err != nil {
 		w.unwatch()
 		return nil, err
 	}
