@@ -2,11 +2,13 @@ package schema_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/schema"
@@ -57,6 +59,28 @@ func TestCheckTrigger(t *testing.T) {
 		var n int
 		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.ident+`.versions`).Scan(&n); err != nil || n != 0 {
 			t.Fatalf("%d counter rows after a refused event, %v", n, err)
+		}
+	})
+
+	t.Run("append refuses a bad event with its own reason before taking a counter", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ctx := t.Context()
+		for _, c := range []struct{ call, field, reason string }{
+			{`append('items', NULL, NULL, 'upsert', '{}')`, "source_id", "must not be empty"},
+			{`append('items', repeat('x', 600), NULL, 'upsert', '{}')`, "source_id", "bytes"},
+			{`append(NULL, 'a', NULL, 'upsert', '{}')`, "index_name", ""},
+			{`append('items', 'a', NULL, 'delete', '{}')`, "document", "a delete must not carry a document"},
+		} {
+			_, err := e.pool.Exec(ctx, `SELECT `+e.ident+`.`+c.call)
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "22023" || !mentionsField(err.Error(), c.field) || !strings.Contains(err.Error(), c.reason) {
+				t.Errorf("%s: %v, want SQLSTATE 22023 naming %s (%q)", c.call, err, c.field, c.reason)
+			}
+		}
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.ident+`.versions`).Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%d counter rows after refused events, %v", n, err)
 		}
 	})
 

@@ -67,6 +67,8 @@ BEGIN
             RAISE EXCEPTION 'outboxd: document: the top-level field % is reserved (it marks a delete''s tombstone in the index)',
                 CASE WHEN NEW.document ? 'outboxd_deleted' THEN 'outboxd_deleted' ELSE 'outboxd_deleted_at' END USING ERRCODE = '22023';
         END IF;
+    ELSIF NEW.document IS NOT NULL AND NEW.op = 'delete' THEN
+        RAISE EXCEPTION 'outboxd: document: a delete must not carry a document' USING ERRCODE = '22023';
     ELSIF NEW.document IS NOT NULL THEN
         RAISE EXCEPTION 'outboxd: document: % must not carry one', NEW.op USING ERRCODE = '22023';
     END IF;
@@ -96,7 +98,16 @@ END
 $$;
 
 -- Named to run before outboxd_documents_guard (BEFORE triggers run in name
--- order), so a malformed event is explained before it is classified.
+-- order), so a malformed event is explained before it is classified. Unlike
+-- a CHECK, it sees the row as it is when it runs: an application's own
+-- BEFORE trigger on the outbox table whose name sorts after outboxd_check
+-- could change the row after it was checked (the sink still refuses what
+-- Elasticsearch cannot take). COPY inserts row by row on a table with a
+-- BEFORE ROW trigger, so AppendBatch's explicit versions lose COPY's
+-- multi-row inserts; they still save the round trips. In the message
+-- namespace the destination's own rule applies, not the index names'
+-- reserved suffixes (a destination is not an index: "orders-read" is a
+-- valid destination, which a CHECK of 0004 used to refuse).
 CREATE TRIGGER outboxd_check BEFORE INSERT OR UPDATE ON {{schema}}.events
     FOR EACH ROW EXECUTE FUNCTION {{schema}}.check_event();
 ALTER TABLE {{schema}}.events ENABLE ALWAYS TRIGGER outboxd_check;
@@ -140,10 +151,13 @@ BEGIN
     IF append.op IS NULL OR append.op NOT IN ('upsert', 'delete') THEN
         RAISE EXCEPTION 'outboxd: op: must be upsert or delete, got %', coalesce(quote_literal(append.op), 'NULL') USING ERRCODE = '22023';
     END IF;
-    IF v IS NULL THEN
+    IF v IS NULL AND octet_length(append.source_id) BETWEEN 1 AND 512
+       AND octet_length(append.index_name) BETWEEN 1 AND 248 THEN
         -- The counter row's lock is held until commit: a second writer of
         -- the source waits here and then gets the next number, so versions
-        -- increase in commit order.
+        -- increase in commit order. (A source_id or index_name the trigger
+        -- refuses takes no counter: the INSERT below fails with its reason,
+        -- not with the counter table's NOT NULL or index row size.)
         INSERT INTO {{schema}}.versions AS c (index_name, source_id, version)
         VALUES (append.index_name, append.source_id, 1)
         ON CONFLICT ON CONSTRAINT versions_pkey DO UPDATE SET version = c.version + 1
