@@ -52,7 +52,36 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	b.rep.line("%d parents, %d children each, 1001 lookups (lookup 1 shared by %d parents) loaded, defined and watched in %s; ~%d bytes per document",
 		n, cfg.documentsChildren, m, took.Round(time.Millisecond), docBytes)
 
-	// 1. Backfill from the definition against the hand-written loader.
+	// 1. Backfill from the definition against the hand-written loader,
+	// which runs first into an index of its own (so neither pays alone for
+	// the tables' first read), and then a second time over the documents
+	// it wrote: a refresh of every parent overwrites existing documents,
+	// which costs Elasticsearch more than creating them (each write
+	// deletes the document it replaces), so that pass is the refreshes'
+	// baseline.
+	handIndex := b.newIndexName()
+	defer b.deleteIndices(ctx, handIndex)
+	if err := indexer.Bootstrap(ctx, b.es, handIndex, nil); err != nil {
+		return err
+	}
+	handPass := func(what string) (float64, error) {
+		cpu0 := selfCPU()
+		took, err := handLoadDefinition(ctx, b.pool, b.es, indexer.FirstIndex(handIndex), t, cfg.documentsBatch, cfg.bulkDocs, cfg.bulkWorkers)
+		if err != nil {
+			return 0, fmt.Errorf("hand-written loader: %w", err)
+		}
+		if err := b.checkCount(ctx, handIndex, n); err != nil {
+			return 0, err
+		}
+		b.rep.line("hand-written loader %s (keyset cursor of %d ids, the definition's join per batch, unversioned, bulk %d x %d): %d documents in %.2fs = %s (harness CPU %.1f µs/doc; load avg %s)",
+			what, cfg.documentsBatch, cfg.bulkDocs, cfg.bulkWorkers, n, took.Seconds(), rate(float64(n)/took.Seconds()), (selfCPU()-cpu0).Seconds()*1e6/float64(n), loadAvg())
+		return float64(n) / took.Seconds(), nil
+	}
+	handRate, err := handPass("into an empty index")
+	if err != nil {
+		return err
+	}
+
 	if err := indexer.Bootstrap(ctx, b.es, name, nil); err != nil {
 		return err
 	}
@@ -70,16 +99,10 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	b.rep.line("outboxd backfill --index (from the definition, versioned, bulk %d x %d): %d documents in %.2fs = %s (its own report %.2fs; child CPU %.1f µs/doc; peak RSS %s; load avg %s)",
 		cfg.bulkDocs, cfg.bulkWorkers, n, res.wall.Seconds(), rate(bfRate), res.Seconds, res.cpu.Seconds()*1e6/float64(n), mb(res.peakKB), loadAvg())
 
-	cpu0 := selfCPU()
-	hand, err := b.loadInto(ctx, n, func(index string) (time.Duration, error) {
-		return handLoadDefinition(ctx, b.pool, b.es, index, t, cfg.documentsBatch, cfg.bulkDocs, cfg.bulkWorkers)
-	})
+	overRate, err := handPass("again, over the documents it wrote")
 	if err != nil {
-		return fmt.Errorf("hand-written loader: %w", err)
+		return err
 	}
-	handRate := float64(n) / hand.Seconds()
-	b.rep.line("hand-written loader (keyset cursor of %d ids, the definition's join per batch, unversioned, bulk %d x %d): %d documents in %.2fs = %s (harness CPU %.1f µs/doc; load avg %s)",
-		cfg.documentsBatch, cfg.bulkDocs, cfg.bulkWorkers, n, hand.Seconds(), rate(handRate), (selfCPU()-cpu0).Seconds()*1e6/float64(n), loadAvg())
 
 	// 2. A refresh of every parent through an outboxd relay child.
 	p, err := b.startRelay(ctx, s, name, os.Getenv("ELASTICSEARCH_URL"))
@@ -117,10 +140,10 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	b.deleteIndices(ctx, name)
 	b.dropSchema(ctx, s)
 
-	b.rep.key("documents of %d parents x %d children + a lookup: outboxd backfill --index %s; hand-written loader %s; relay refreshes %s",
-		n, cfg.documentsChildren, rate(bfRate), rate(handRate), rate(relayRate))
+	b.rep.key("documents of %d parents x %d children + a lookup: outboxd backfill --index %s against the hand-written loader's %s into an empty index; relay refreshes %s against its %s over existing documents",
+		n, cfg.documentsChildren, rate(bfRate), rate(handRate), rate(relayRate), rate(overRate))
 	b.rep.key("documents: fan-out of one lookup row to %d parents: all %d documents show it %.2fs after its commit (%s)", m, m, fanTook.Seconds(), rate(float64(m)/fanTook.Seconds()))
 	b.rep.goal(bfRate >= 0.8*handRate, "documents backfill >= 0.8x the hand-written loader: %.2f", bfRate/handRate)
-	b.rep.goal(relayRate >= 0.8*handRate, "documents refreshes through the relay >= 0.8x the hand-written loader: %.2f", relayRate/handRate)
+	b.rep.goal(relayRate >= 0.8*overRate, "documents refreshes through the relay >= 0.8x the hand-written loader over existing documents: %.2f (against its pass into an empty index: %.2f)", relayRate/overRate, relayRate/handRate)
 	return nil
 }
