@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,6 +29,11 @@ type Stream struct {
 	Indexes  []string
 	Exclude  []string
 	Sink     Sink // nil: Config.Sink
+	// MaxPollInterval is this stream's longest idle wait; zero takes
+	// Config.MaxPollInterval. A stream whose events nobody waits for (the
+	// messages of destinations no relay serves, which are only recorded
+	// as waiting) can poll less often when idle: every poll is a query.
+	MaxPollInterval time.Duration
 }
 
 // likePatterns turns index names and "prefix*" entries into LIKE patterns.

@@ -18,6 +18,10 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	failures := 0
 	last := rd.pos
 	backlog := false // the last page was full: a backlog is being read
+	idle := cfg.MaxPollInterval
+	if w.stream.MaxPollInterval > 0 {
+		idle = w.stream.MaxPollInterval
+	}
 	for {
 		p, err := rd.next(ctx)
 		var fatal *PositionError
@@ -52,7 +56,7 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 					return
 				}
 			}
-			wait = min(max(wait*2, cfg.MinPollInterval), cfg.MaxPollInterval)
+			wait = min(max(wait*2, cfg.MinPollInterval), idle)
 			if !sleepOrWake(ctx, wait, wake) {
 				return
 			}

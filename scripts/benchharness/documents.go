@@ -137,6 +137,15 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	if _, err := p.stop(time.Minute); err != nil {
 		return err
 	}
+	// The refresh read tables that its UPDATE had just rewritten (a dead
+	// version of every parent, autovacuum after it); the hand-written
+	// loader runs once more on them as they are now, and the faster of its
+	// two passes over existing documents is the baseline.
+	afterRate, err := handPass("a third time, over existing documents, on the tables as the refresh left them")
+	if err != nil {
+		return err
+	}
+	overRate = max(overRate, afterRate)
 	b.deleteIndices(ctx, name)
 	b.dropSchema(ctx, s)
 
@@ -144,6 +153,6 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 		n, cfg.documentsChildren, rate(bfRate), rate(handRate), rate(relayRate), rate(overRate))
 	b.rep.key("documents: fan-out of one lookup row to %d parents: all %d documents show it %.2fs after its commit (%s)", m, m, fanTook.Seconds(), rate(float64(m)/fanTook.Seconds()))
 	b.rep.goal(bfRate >= 0.8*handRate, "documents backfill >= 0.8x the hand-written loader: %.2f", bfRate/handRate)
-	b.rep.goal(relayRate >= 0.8*overRate, "documents refreshes through the relay >= 0.8x the hand-written loader over existing documents: %.2f (against its pass into an empty index: %.2f)", relayRate/overRate, relayRate/handRate)
+	b.rep.goal(relayRate >= 0.8*overRate, "documents refreshes through the relay >= 0.8x the hand-written loader over existing documents (the faster of its two passes): %.2f (against its pass into an empty index: %.2f)", relayRate/overRate, relayRate/handRate)
 	return nil
 }
