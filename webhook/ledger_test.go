@@ -363,3 +363,43 @@ func writeAll(t *testing.T, s *webhook.Sink, events []outbox.Event) []outbox.Out
 	}
 	return outs
 }
+
+// TestPageWrittenTwiceAtOnce: a second Write of a page whose message is
+// in flight in a first Write of the same sink must not read the ledger
+// row as a request a stopped relay left in flight (which an idempotent
+// destination sends again): it waits for the first and finds the message
+// delivered. Before, the second request reached the receiver while the
+// first was still held.
+func TestPageWrittenTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	rcv := newBlocking(t)
+	d := destination("hook", rcv.URL, true)
+	d.Timeout = 20 * time.Second
+	s := e.sink(t, e.pool, d, webhook.Options{})
+	ev := message(e.send(t, "hook", "k", `{"n":1}`), "hook", "k", `{"n":1}`)
+
+	first := make(chan outbox.Outcome, 1)
+	go func() { first <- write(t, s, ev) }()
+	<-rcv.arrived // claimed and in flight, held by the receiver
+	second := make(chan outbox.Outcome, 1)
+	go func() { second <- write(t, s, ev) }()
+	// The second Write has no request to make; one that arrives is the
+	// defect. Nothing to wait for but the absence of a request.
+	select {
+	case <-rcv.arrived:
+		rcv.free()
+		t.Fatal("the second Write sent the message again while the first one's request was in flight")
+	case <-time.After(2 * time.Second):
+	}
+	rcv.free()
+	if o := <-first; o.Status != outbox.Applied {
+		t.Errorf("first Write: %s (%s), want applied", o.Status, o.Reason)
+	}
+	if o := <-second; o.Status != outbox.Stale {
+		t.Errorf("second Write: %s (%s), want stale (already delivered)", o.Status, o.Reason)
+	}
+	if n := rcv.count("k"); n != 1 {
+		t.Errorf("the receiver got %d requests for k, want 1", n)
+	}
+}

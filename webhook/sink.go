@@ -48,6 +48,9 @@ type Sink struct {
 	limit      *limiter
 	breaker    *breaker
 	retryWake  chan struct{} // a message was parked: Lead looks for what is due
+
+	keysMu sync.Mutex
+	keys   map[string]chan struct{} // keys a Write of this sink is delivering; closed when done
 }
 
 // NewSink checks o and returns the destination's sink.
@@ -102,6 +105,7 @@ func NewSink(o Options) (*Sink, error) {
 		workers:   make(chan struct{}, 16*d.Concurrency),
 		limit:     newLimiter(d.Rate),
 		retryWake: make(chan struct{}, 1),
+		keys:      make(map[string]chan struct{}),
 	}, nil
 }
 
@@ -116,7 +120,12 @@ func NewSink(o Options) (*Sink, error) {
 func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outcome, error) {
 	outs := make([]outbox.Outcome, len(events))
 	// Of several messages with one key in a page, the earliest reserves
-	// the key: the later ones wait for it and become its duplicates.
+	// the key: the later ones wait for it and become its duplicates. The
+	// earliest also waits for any other Write of this sink that is
+	// delivering the key (two Writes of one page at once): read while the
+	// other's request is in flight, the ledger row would look like a
+	// request a stopped relay left behind, which an idempotent
+	// destination sends again.
 	first := make(map[string]chan struct{}, len(events))
 	var wg sync.WaitGroup
 	for i := range events {
@@ -139,12 +148,46 @@ func (s *Sink) Write(ctx context.Context, events []outbox.Event) ([]outbox.Outco
 			defer func() { close(mine); <-s.workers; wg.Done() }()
 			if before != nil {
 				<-before
+			} else {
+				release, ok := s.holdKey(ctx, events[i].SourceID)
+				if !ok {
+					outs[i] = outage(errShutdown)
+					return
+				}
+				defer release()
 			}
 			outs[i] = s.deliver(ctx, &events[i])
 		}()
 	}
 	wg.Wait()
 	return outs, nil
+}
+
+// holdKey waits until no other Write of this sink is delivering key and
+// marks it as this one's; release ends that. It reports false if ctx ends
+// first.
+func (s *Sink) holdKey(ctx context.Context, key string) (release func(), ok bool) {
+	for {
+		s.keysMu.Lock()
+		busy, held := s.keys[key]
+		if !held {
+			mine := make(chan struct{})
+			s.keys[key] = mine
+			s.keysMu.Unlock()
+			return func() {
+				s.keysMu.Lock()
+				delete(s.keys, key)
+				s.keysMu.Unlock()
+				close(mine)
+			}, true
+		}
+		s.keysMu.Unlock()
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
 }
 
 func outage(err error) outbox.Outcome {
