@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,8 +15,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec   // destination, result
 	seconds  *prometheus.HistogramVec // destination
 	finals   *prometheus.CounterVec   // destination, state
-	circuits *prometheus.GaugeVec     // destination
-	opened   *prometheus.GaugeVec     // destination
+	circuits *circuitGauges           // destination
 }
 
 // NewMetrics registers the webhook instruments on reg (nil: unregistered).
@@ -34,17 +34,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "outboxd_webhook_messages_finished_total",
 			Help: "Messages this process brought to a final ledger state, and duplicates and conflicts (same key, other payload) it refused to send.",
 		}, []string{"destination", "state"}),
-		circuits: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outboxd_webhook_circuit_open",
-			Help: "1 while a destination is paused because its receiver keeps failing (breaker_failures consecutive failures); its messages wait.",
-		}, []string{"destination"}),
-		opened: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "outboxd_webhook_circuit_opened_timestamp_seconds",
-			Help: "Unix time the destination's open circuit (outboxd_webhook_circuit_open) opened; 0 while it is closed.",
-		}, []string{"destination"}),
+		circuits: newCircuitGauges(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.seconds, m.finals, m.circuits, m.opened)
+		reg.MustRegister(m.requests, m.seconds, m.finals, m.circuits)
 	}
 	return m
 }
@@ -63,14 +56,56 @@ func (m *Metrics) circuit(dest string, open bool) {
 	if m == nil {
 		return
 	}
-	v, since := 0.0, 0.0
+	since := 0.0
 	if open {
 		// A failed probe does not call this again: the time is when the
 		// pause began, what the operator page shows as "open since".
-		v, since = 1, float64(time.Now().UnixMilli())/1e3
+		since = float64(time.Now().UnixMilli()) / 1e3
 	}
-	m.circuits.WithLabelValues(dest).Set(v)
-	m.opened.WithLabelValues(dest).Set(since)
+	m.circuits.set(dest, since)
+}
+
+// circuitGauges are outboxd_webhook_circuit_open and
+// outboxd_webhook_circuit_opened_timestamp_seconds, collected together
+// from one state: as two gauges set one after the other, a scrape between
+// the two writes could read a circuit open since 0.
+type circuitGauges struct {
+	open, opened *prometheus.Desc
+	mu           sync.Mutex
+	since        map[string]float64 // by destination; 0 while closed
+}
+
+func newCircuitGauges() *circuitGauges {
+	return &circuitGauges{
+		open: prometheus.NewDesc("outboxd_webhook_circuit_open",
+			"1 while a destination is paused because its receiver keeps failing (breaker_failures consecutive failures); its messages wait.",
+			[]string{"destination"}, nil),
+		opened: prometheus.NewDesc("outboxd_webhook_circuit_opened_timestamp_seconds",
+			"Unix time the destination's open circuit (outboxd_webhook_circuit_open) opened; 0 while it is closed.",
+			[]string{"destination"}, nil),
+		since: map[string]float64{},
+	}
+}
+
+func (c *circuitGauges) set(dest string, since float64) {
+	c.mu.Lock()
+	c.since[dest] = since
+	c.mu.Unlock()
+}
+
+func (c *circuitGauges) Describe(ch chan<- *prometheus.Desc) { ch <- c.open; ch <- c.opened }
+
+func (c *circuitGauges) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for dest, since := range c.since {
+		open := 0.0
+		if since > 0 {
+			open = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.open, prometheus.GaugeValue, open, dest)
+		ch <- prometheus.MustNewConstMetric(c.opened, prometheus.GaugeValue, since, dest)
+	}
 }
 
 func (m *Metrics) count(dest, state string) {
