@@ -154,8 +154,19 @@ func TestRelayLinger(t *testing.T) {
 		if took := time.Since(began); took > 2*time.Second {
 			t.Errorf("shutdown during a linger took %v", took)
 		}
-		if b := e.backlog(t); b != int64(len(ids)) {
-			t.Fatalf("backlog after shutdown = %d, want the %d lingering events unacknowledged", b, len(ids))
+		// The lingering page may still reach the sink in the shutdown's
+		// drain (the read loop and the writer each pick a ready channel
+		// at random); what must not happen is an event acknowledged that
+		// the sink never got.
+		b := e.backlog(t)
+		got := 0
+		for _, id := range ids {
+			if _, ok := sink.arrived(id); ok {
+				got++
+			}
+		}
+		if int64(len(ids))-b > int64(got) {
+			t.Fatalf("after shutdown: %d of the %d lingering events acknowledged, but the sink got only %d", int64(len(ids))-b, len(ids), got)
 		}
 		cfg.Linger = -1
 		cfg.Registerer = nil

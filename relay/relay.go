@@ -141,16 +141,18 @@ func (r *Relay) connect(ctx context.Context) (*pgx.Conn, error) {
 func (r *Relay) lead(ctx context.Context, member *membership, conn *pgx.Conn, s Stream) error {
 	ctx, yield := context.WithCancel(ctx)
 	defer yield()
+	// The gauge changes inside the lock that Leading reads under, so the
+	// two never disagree.
 	r.mu.Lock()
 	r.held[s.Name] = yield
-	r.mu.Unlock()
 	r.metrics.leader.WithLabelValues(s.Name).Set(1)
+	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		delete(r.held, s.Name)
 		delete(r.paused, s.Name)
-		r.mu.Unlock()
 		r.metrics.leader.WithLabelValues(s.Name).Set(0)
+		r.mu.Unlock()
 	}()
 
 	pos, err := loadProgress(ctx, conn, r.schema, s)

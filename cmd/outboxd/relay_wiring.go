@@ -55,7 +55,7 @@ func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client
 		// Messages have sinks of their own; Elasticsearch never sees them.
 		streams[i].Exclude = []string{outbox.MessagePrefix + "*"}
 	}
-	hooks, err := messageStreams(pool, schemaName, f.destinations, reg, log)
+	hooks, err := messageStreams(pool, schemaName, f.destinations, 10*f.maxPoll, reg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -98,8 +98,12 @@ func newAdminServer(pool *pgxpool.Pool, schemaName string, client *elasticsearch
 // slow receiver holds back only its own messages) and, on every relay, the
 // unrouted stream that records as waiting the messages of destinations no
 // live relay serves: every committed message gets a ledger row, whatever
-// the relays' flags. The ledger's gauges go on /metrics.
-func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
+// the relays' flags. The ledger's gauges go on /metrics. The unrouted
+// stream polls every unroutedPoll when idle (the relay passes 10 times
+// --max-poll, a second by default): every relay has it, so at --max-poll
+// it doubled an idle relay's queries and CPU, and what it reads is only
+// recorded as waiting until a relay that serves the destination starts.
+func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, unroutedPoll time.Duration, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err
@@ -146,12 +150,6 @@ func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, reg *
 	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted,
 		MaxPollInterval: unroutedPoll}), nil
 }
-
-// unroutedPoll is how often the unrouted stream polls when idle. Every
-// relay has it, so at the default 100 ms it doubled an idle relay's
-// queries (and CPU); what it reads is only recorded as waiting until a
-// relay that serves the destination starts, so a second does no harm.
-const unroutedPoll = time.Second
 
 // messageStream is the name of a destination's stream.
 func messageStream(destination string) string { return "webhook-" + destination }
