@@ -56,13 +56,13 @@ func (b *bench) lowrateScenario(ctx context.Context) error {
 		extra []string
 	}
 	phases := []phase{{lowRate, "", nil}, {latRate, "", nil}, {latRate, " --linger 0", []string{"--linger", "0"}}, {highRate, "", nil}}
-	res := map[string]lowResult{}
-	for _, ph := range phases {
+	res := make([]lowResult, len(phases))
+	for i, ph := range phases {
 		r, err := b.lowratePhase(ctx, proxy, ph.rate, ph.extra...)
 		if err != nil {
 			return fmt.Errorf("%d events/s%s: %w", ph.rate, ph.label, err)
 		}
-		res[fmt.Sprint(ph.rate)+ph.label] = r
+		res[i] = r
 		ops := "?"
 		if r.indexOps >= 0 {
 			ops = fmt.Sprintf("%.1f/s", float64(r.indexOps)/r.window.Seconds())
@@ -71,7 +71,7 @@ func (b *bench) lowrateScenario(ctx context.Context) error {
 			ph.rate, ph.label, r.events, r.achieved, float64(r.relayCPU)/1e6, float64(r.pgCPU)/1e6, r.backends, r.cpuPerK(),
 			float64(r.bulks)/r.window.Seconds(), ops, ms(r.p50), ms(r.p99), ms(r.p999), ms(r.max), ms(r.bulkP50), ms(r.bulkP99), loadAvg())
 	}
-	lo, lat, lat0, hi := res[fmt.Sprint(lowRate)], res[fmt.Sprint(latRate)], res[fmt.Sprint(latRate)+" --linger 0"], res[fmt.Sprint(highRate)]
+	lo, lat, lat0, hi := res[0], res[1], res[2], res[3] // in the order of phases
 	ratio := lo.cpuPerK() / hi.cpuPerK()
 	b.rep.goal(ratio <= 1.5, "CPU per 1,000 events at %d/s <= 1.5x at %d/s: %.1f / %.1f ms = %.2fx", lowRate, highRate, lo.cpuPerK(), hi.cpuPerK(), ratio)
 	bps := float64(lo.bulks) / lo.window.Seconds()
