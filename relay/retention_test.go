@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -48,6 +49,33 @@ func TestRetention(t *testing.T) {
 		if len(left) != len(pending) || left[0] != pending[0] {
 			t.Fatalf("left %v, want the unacknowledged %v", left, pending)
 		}
+	})
+
+	t.Run("a stream that reads past others' events stores that position even when it then idles", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ctx := context.Background()
+		cfg := e.config(newRecordingSink())
+		// Longer than any gap in the run: without a store on idle, the
+		// position stream b read past the events stays unstored.
+		cfg.ProgressInterval = 2 * time.Second
+		cfg.Streams = []relay.Stream{
+			{Name: "a", BucketHi: 1023, Indexes: []string{"a"}},
+			{Name: "b", BucketHi: 1023, Indexes: []string{"b"}},
+		}
+		start(t, cfg)
+		for i := range 3 {
+			e.appendTo(t, "a", fmt.Sprint(i))
+		}
+		var deleted int64
+		schematest.Eventually(t, 15*time.Second, "every event deleted by a retention of 0 while the relay idles", func() bool {
+			n, err := relay.DeleteAcknowledged(ctx, e.pool, e.schema, 0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deleted += n
+			return deleted == 3
+		})
 	})
 
 	t.Run("events younger than the retention stay for replay", func(t *testing.T) {

@@ -56,12 +56,16 @@ func (w *streamWriter) run(ctx context.Context) error {
 
 	balance := time.NewTicker(cfg.LeaseInterval)
 	defer balance.Stop()
-	// Armed only while handled events wait to be stored: an idle stream
-	// has nothing to flush and should not wake up to find that out.
+	// Armed only while a position waits to be stored: an idle stream
+	// has nothing to flush and should not wake up to find that out. A
+	// position moved only by empty pages (events of other streams) is due
+	// after ProgressInterval, handled events after StoreInterval; either
+	// way it is stored even if no page follows, or an idle stream would
+	// hold retention back at its last stored position for good.
 	flushTimer := time.NewTimer(cfg.StoreInterval)
 	flushTimer.Stop()
 	defer flushTimer.Stop()
-	flushArmed := false
+	var flushAt time.Time // when the armed timer fires; zero when disarmed
 	beat := time.NewTicker(cfg.heartbeatInterval())
 	defer beat.Stop()
 
@@ -87,16 +91,20 @@ func (w *streamWriter) run(ctx context.Context) error {
 			in = pages
 		}
 		m.pagesInFlight.WithLabelValues(name).Set(float64(len(queue)))
-		if w.pendingAcked > 0 && !flushArmed {
-			flushTimer.Reset(max(cfg.StoreInterval-time.Since(w.stored), 0))
-			flushArmed = true
+		if w.pending != nil {
+			if due := w.storeDue(); flushAt.IsZero() || due.Before(flushAt) {
+				flushTimer.Reset(max(time.Until(due), 0))
+				flushAt = due
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return w.drain(context.WithoutCancel(ctx), queue)
 		case <-flushTimer.C:
-			flushArmed = false
-			if w.pendingAcked > 0 {
+			flushAt = time.Time{}
+			// A store since arming may have made this one early; the
+			// top of the loop then arms the timer again.
+			if w.pending != nil && !time.Now().Before(w.storeDue()) {
 				if err := w.flush(wctx); err != nil {
 					return err
 				}
@@ -171,6 +179,14 @@ func (w *streamWriter) drain(ctx context.Context, queue []*inflight) error {
 		}
 	}
 	return w.flush(ctx)
+}
+
+// storeDue is when the pending position is due to be stored.
+func (w *streamWriter) storeDue() time.Time {
+	if w.pendingAcked > 0 {
+		return w.stored.Add(w.r.cfg.StoreInterval)
+	}
+	return w.stored.Add(w.r.cfg.ProgressInterval)
 }
 
 // complete records a handled page's position, storing it when due.
