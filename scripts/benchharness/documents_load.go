@@ -230,3 +230,53 @@ func (b *bench) waitMatching(ctx context.Context, target, query string, want int
 		}
 	}
 }
+
+// commitRefreshAll bumps every parent's counter in one transaction (its
+// watch appends a refresh per parent) and returns that transaction's id.
+func (b *bench) commitRefreshAll(ctx context.Context, t docTables) (string, error) {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("refresh every parent: %w", err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `UPDATE `+t.parents+` SET counter = counter + 1`); err != nil {
+		return "", fmt.Errorf("refresh every parent: %w", err)
+	}
+	var xid string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
+		return "", fmt.Errorf("refresh every parent: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("refresh every parent: %w", err)
+	}
+	return xid, nil
+}
+
+// waitStored waits until stream's stored position is past transaction
+// xid: every event of it acknowledged.
+func (b *bench) waitStored(ctx context.Context, schemaName, stream, xid string, from time.Time, limit time.Duration, p *relayProc) (time.Duration, error) {
+	id, err := schema.Ident(schemaName)
+	if err != nil {
+		return 0, err
+	}
+	deadline := from.Add(limit)
+	for {
+		var done bool
+		if err := b.pool.QueryRow(ctx, `SELECT pg_visible_in_snapshot($1::xid8, done_snapshot) FROM `+id+`.progress WHERE stream = $2`, xid, stream).Scan(&done); err != nil {
+			return 0, fmt.Errorf("progress of stream %s: %w", stream, err)
+		}
+		if done {
+			return time.Since(from), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("after %s stream %s has not passed transaction %s: %s", limit, stream, xid, p.log.String())
+		}
+		select {
+		case <-p.exited:
+			return 0, fmt.Errorf("outboxd relay exited: %v: %s", p.err, p.log.String())
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
