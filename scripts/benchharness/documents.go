@@ -65,6 +65,7 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 		return err
 	}
 	handPass := func(what string) (float64, error) {
+		b.settle(ctx, 3*time.Minute)
 		cpu0 := selfCPU()
 		took, err := handLoadDefinition(ctx, b.pool, b.es, indexer.FirstIndex(handIndex), t, cfg.documentsBatch, cfg.bulkDocs, cfg.bulkWorkers)
 		if err != nil {
@@ -85,6 +86,7 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	if err := indexer.Bootstrap(ctx, b.es, name, nil); err != nil {
 		return err
 	}
+	b.settle(ctx, 3*time.Minute)
 	res, err := b.runBackfill(ctx, cfg.outboxd, s, name, "")
 	if err != nil {
 		return err
@@ -105,6 +107,7 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	}
 
 	// 2. A refresh of every parent through an outboxd relay child.
+	b.settle(ctx, 3*time.Minute)
 	p, err := b.startRelay(ctx, s, name, os.Getenv("ELASTICSEARCH_URL"))
 	if err != nil {
 		return err
