@@ -24,7 +24,8 @@
 //     outboxd_oldest_unacked_age_seconds{stream},
 //     outboxd_dead_letters_parked{index} and outboxd_stats_up. Stats are
 //     cached for CacheTTL (1s) so scrapes, the page and the sampler do not
-//     each query PostgreSQL.
+//     each query PostgreSQL; after a slow query (it counts the backlog),
+//     for 50 times its duration, at most a minute.
 //   - /readyz runs every Ready check (each bounded by 3s) and answers 503
 //     naming the failing checks; a standby is ready (it serves as soon as
 //     it takes over), the response says which streams this process leads.
