@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -157,6 +158,13 @@ func (t *tailBuffer) String() string {
 // relayArgsShown is -relay-args for a report line, with a trailing space.
 func relayArgsShown(args string) string {
 	if f := strings.Fields(args); len(f) > 0 {
+		for i, a := range f {
+			// A URL given to the relay (--database-url) may carry a
+			// password: the report shows it as url.Redacted does.
+			if u, err := url.Parse(a); err == nil && u.User != nil {
+				f[i] = u.Redacted()
+			}
+		}
 		return strings.Join(f, " ") + " "
 	}
 	return ""

@@ -257,7 +257,7 @@ func run(ctx context.Context, args []string) error {
 
 	b.rep.header(fmt.Sprintf("outboxd benchmark  %s  %s/%s  %d CPUs  %s", time.Now().Format(time.RFC3339), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), b.serverInfo(ctx)))
 	if cfg.relayArgs != "" {
-		b.rep.line("outboxd relay children run with: %s", cfg.relayArgs)
+		b.rep.line("outboxd relay children run with: %s", strings.TrimSpace(relayArgsShown(cfg.relayArgs)))
 	}
 	steps := []struct {
 		name string

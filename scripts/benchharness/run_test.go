@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseConfigDefaults(t *testing.T) {
 	c, err := parseConfig(nil)
@@ -33,5 +36,12 @@ func TestParseConfigDocuments(t *testing.T) {
 	}
 	if _, err := parseConfig([]string{"-documents-n", "10", "-documents-fanout", "11"}); err == nil {
 		t.Error("a fan-out above documents-n was accepted")
+	}
+}
+
+func TestRelayArgsShownHidesPasswords(t *testing.T) {
+	got := relayArgsShown("--database-url postgres://u:s3cret@127.0.0.1:5432/db?sslmode=disable --in-flight 2")
+	if strings.Contains(got, "s3cret") || !strings.Contains(got, "--in-flight 2") || !strings.Contains(got, "postgres://u:xxxxx@127.0.0.1:5432/db") {
+		t.Fatalf("shown %q", got)
 	}
 }
