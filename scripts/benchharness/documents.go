@@ -64,8 +64,10 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	if err := indexer.Bootstrap(ctx, b.es, handIndex, nil); err != nil {
 		return err
 	}
-	handPass := func(what string) (float64, error) {
-		b.settle(ctx, 3*time.Minute)
+	handPass := func(what string, settle bool) (float64, error) {
+		if settle {
+			b.settle(ctx, 3*time.Minute)
+		}
 		cpu0 := selfCPU()
 		took, err := handLoadDefinition(ctx, b.pool, b.es, indexer.FirstIndex(handIndex), t, cfg.documentsBatch, cfg.bulkDocs, cfg.bulkWorkers)
 		if err != nil {
@@ -78,7 +80,7 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 			what, cfg.documentsBatch, cfg.bulkDocs, cfg.bulkWorkers, n, took.Seconds(), rate(float64(n)/took.Seconds()), (selfCPU()-cpu0).Seconds()*1e6/float64(n), loadAvg())
 		return float64(n) / took.Seconds(), nil
 	}
-	handRate, err := handPass("into an empty index")
+	handRate, err := handPass("into an empty index", true)
 	if err != nil {
 		return err
 	}
@@ -101,7 +103,7 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	b.rep.line("outboxd backfill --index (from the definition, versioned, bulk %d x %d): %d documents in %.2fs = %s (its own report %.2fs; child CPU %.1f µs/doc; peak RSS %s; load avg %s)",
 		cfg.bulkDocs, cfg.bulkWorkers, n, res.wall.Seconds(), rate(bfRate), res.Seconds, res.cpu.Seconds()*1e6/float64(n), mb(res.peakKB), loadAvg())
 
-	overRate, err := handPass("again, over the documents it wrote")
+	overRate, err := handPass("again, over the documents it wrote", true)
 	if err != nil {
 		return err
 	}
@@ -154,11 +156,23 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 	// version of every parent, autovacuum after it); the hand-written
 	// loader runs once more on them as they are now, and the faster of its
 	// two passes over existing documents is the baseline.
-	afterRate, err := handPass("a third time, over existing documents, on the tables as the refresh left them")
+	afterRate, err := handPass("a third time, over existing documents, on the tables as the refresh left them", true)
 	if err != nil {
 		return err
 	}
 	overRate = max(overRate, afterRate)
+	// And once right after the same UPDATE again, as the relay ran: with
+	// the first reads of the rewritten rows (their hint bits) and
+	// autovacuum to pay. Printed, not judged: the goal keeps the faster
+	// passes above as its baseline.
+	b.settle(ctx, 3*time.Minute)
+	if _, err := b.commitRefreshAll(ctx, t); err != nil {
+		return err
+	}
+	freshRate, err := handPass("a fourth time, right after the same UPDATE again (as the relay ran; printed, not judged)", false)
+	if err != nil {
+		return err
+	}
 	b.deleteIndices(ctx, name)
 	b.dropSchema(ctx, s)
 
@@ -166,6 +180,7 @@ func (b *bench) documentsScenario(ctx context.Context) error {
 		n, cfg.documentsChildren, rate(bfRate), rate(handRate), rate(relayRate), rate(overRate))
 	b.rep.key("documents: fan-out of one lookup row to %d parents: all %d documents show it %.2fs after its commit (%s)", m, m, fanTook.Seconds(), rate(float64(m)/fanTook.Seconds()))
 	b.rep.goal(bfRate >= 0.8*handRate, "documents backfill >= 0.8x the hand-written loader: %.2f", bfRate/handRate)
+	b.rep.line("relay refreshes against the hand-written loader right after the same UPDATE: %.2f", relayRate/freshRate)
 	b.rep.goal(relayRate >= 0.8*overRate, "documents refreshes through the relay >= 0.8x the hand-written loader over existing documents (the faster of its two passes): %.2f (against its pass into an empty index: %.2f)", relayRate/overRate, relayRate/handRate)
 	return nil
 }
