@@ -221,12 +221,8 @@ func (b *bench) waitMatching(ctx context.Context, target, query string, want int
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("after %s %d of %d documents match %s: %s", limit, last, want, query, p.log.String())
 		}
-		select {
-		case <-p.exited:
-			return 0, fmt.Errorf("outboxd relay exited: %v: %s", p.err, p.log.String())
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		if err := p.pause(ctx, 100*time.Millisecond); err != nil {
+			return 0, err
 		}
 	}
 }
@@ -271,12 +267,8 @@ func (b *bench) waitStored(ctx context.Context, schemaName, stream, xid string, 
 		if time.Now().After(deadline) {
 			return 0, fmt.Errorf("after %s stream %s has not passed transaction %s: %s", limit, stream, xid, p.log.String())
 		}
-		select {
-		case <-p.exited:
-			return 0, fmt.Errorf("outboxd relay exited: %v: %s", p.err, p.log.String())
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		if err := p.pause(ctx, 20*time.Millisecond); err != nil {
+			return 0, err
 		}
 	}
 }

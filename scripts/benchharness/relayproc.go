@@ -155,6 +155,20 @@ func (t *tailBuffer) String() string {
 	return strings.TrimSpace(t.buf.String())
 }
 
+// pause waits d between two polls of a measurement that needs the relay,
+// and says why the measurement cannot go on: the relay exited, or ctx
+// ended.
+func (p *relayProc) pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("outboxd relay exited: %v: %s", p.err, p.log.String())
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
 // relayArgsShown is -relay-args for a report line, with a trailing space.
 func relayArgsShown(args string) string {
 	if f := strings.Fields(args); len(f) > 0 {

@@ -27,9 +27,10 @@ type statsCache struct {
 // The backlog count reads every event behind each stream (0.2 s for two
 // streams 300,000 events behind, and it grows with the backlog), and the
 // sampler alone asked every 5 s: during a big backlog, when the relay
-// needs the server most, that was several percent of a PostgreSQL core. A fetch is therefore
-// not run again sooner than statsCostFactor times its last duration (2% of
-// one core at most), nor later than statsMaxAge because of it.
+// needs the server most, that was several percent of a PostgreSQL core.
+// A fetch is therefore not run again sooner than statsCostFactor times
+// its last duration (2% of one core at most), nor later than statsMaxAge
+// because of it.
 const (
 	statsCostFactor = 50
 	statsMaxAge     = time.Minute
