@@ -3,10 +3,14 @@ package relay
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/schema/schematest"
@@ -38,16 +42,7 @@ func TestMessageStreamReadUsesTheMessageIndex(t *testing.T) {
 		{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}},
 	} {
 		r := &reader{pool: pool, schema: id, stream: s, maxDocs: 8000, maxBytes: 4 << 20, pos: position{done: emptySnapshot}}
-		sql, args := r.pageSQL(r.pos, nil)
-		rows, err := pool.Query(ctx, `EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) `+sql, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		plan := strings.Join(lines, "\n")
+		plan := explainPage(t, pool, r, r.pos)
 		t.Logf("stream %s:\n%s", s.Name, plan)
 		if !strings.Contains(plan, "events_messages") {
 			t.Errorf("stream %s: the plan does not use the message index:\n%s", s.Name, plan)
@@ -64,4 +59,161 @@ func TestMessageStreamReadUsesTheMessageIndex(t *testing.T) {
 			t.Errorf("stream %s: read %d events, want 10", s.Name, len(p.events))
 		}
 	}
+}
+
+// A transaction of 100,000 events that committed after the statistics
+// were taken is read a page at a time, whether it was in progress at the
+// stream's done snapshot or began after it: no plan node handles more rows
+// than a page holds, and a page near the transaction's end touches about
+// as many buffers as one near its start. A bitmap scan of all of the
+// transaction's remaining rows, sorted for every page, and an index scan
+// that started at the transaction's first row and stepped over all rows
+// read before, each made one large transaction cost time quadratic in its
+// size.
+func TestLargeTransactionIsReadAPageAtATime(t *testing.T) {
+	t.Parallel()
+	pool, name := schematest.Setup(t)
+	ctx := context.Background()
+	id := pgx.Identifier{name}.Sanitize()
+	insert := func(ctx context.Context, q interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, n int) {
+		t.Helper()
+		if _, err := q.Exec(ctx, `INSERT INTO `+id+`.events (index_name, source_id, version, op, document)
+			SELECT 'docs', 'doc-' || g, 1, 'upsert', '{}' FROM generate_series(1, $1) g`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapshot := func() Snapshot {
+		t.Helper()
+		var text string
+		if err := pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
+			t.Fatal(err)
+		}
+		s, err := ParseSnapshot(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// As in an outbox whose statistics predate its largest transaction
+	// (here: none at all), the planner guesses that transaction's rows.
+	if _, err := pool.Exec(ctx, `ALTER TABLE `+id+`.events SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		insert(ctx, pool, 50)
+	}
+	before := snapshot()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	insert(ctx, tx, 100000)
+	var xid uint64
+	var firstID int64
+	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint, min(id) FROM `+id+`.events WHERE xid = pg_current_xact_id()`).Scan(&xid, &firstID); err != nil {
+		t.Fatal(err)
+	}
+	// A later transaction's commit moves the snapshot's xmax past the
+	// open one, which it then lists as in progress.
+	insert(ctx, pool, 1)
+	during := snapshot()
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after := snapshot()
+
+	r := &reader{pool: pool, schema: id, maxDocs: 8000, maxBytes: 64 << 20,
+		stream: Stream{Name: "docs", BucketHi: 1023, Indexes: []string{"docs"}, Exclude: []string{outbox.MessagePrefix + "*"}}}
+	rowsRe := regexp.MustCompile(`actual rows=(\d+)`)
+	buffersRe := regexp.MustCompile(`Buffers: shared hit=(\d+)(?: read=(\d+))?`)
+	// A page's share of the outbox's heap and (xid, id) index pages, twice
+	// over: stepping over the transaction's other rows in the index alone
+	// costs more.
+	var pages, events int
+	if err := pool.QueryRow(ctx, `SELECT (pg_relation_size('`+id+`.events') + pg_relation_size('`+id+`.events_xid_id'))
+		/ current_setting('block_size')::int, (SELECT count(*) FROM `+id+`.events)`).Scan(&pages, &events); err != nil {
+		t.Fatal(err)
+	}
+	limit := 2*pages*r.maxDocs/events + 20
+	for _, tc := range []struct {
+		name string
+		done Snapshot
+	}{
+		{"in progress at done", during},
+		{"begun after done", before},
+	} {
+		t.Run("a page of a transaction "+tc.name+" costs a page wherever it starts", func(t *testing.T) {
+			for _, at := range []int64{8000, 88000} {
+				plan := explainPage(t, pool, r, position{done: tc.done, batch: &after, cursorXID: xid, cursorID: firstID + at})
+				for _, m := range rowsRe.FindAllStringSubmatch(plan, -1) {
+					if n, _ := strconv.Atoi(m[1]); n > r.maxDocs {
+						t.Fatalf("a plan node handled %d rows for a page of %d:\n%s", n, r.maxDocs, plan)
+					}
+				}
+				m := buffersRe.FindStringSubmatch(plan) // the top node's: the whole query's
+				if m == nil {
+					t.Fatalf("no buffer counts in the plan:\n%s", plan)
+				}
+				hit, _ := strconv.Atoi(m[1])
+				read, _ := strconv.Atoi(m[2])
+				if hit+read > limit {
+					t.Fatalf("a page from row %d of the transaction touched %d buffers, more than twice a page's share (%d) of the table and its index:\n%s", at, hit+read, limit, plan)
+				}
+			}
+		})
+	}
+	t.Run("the reader reads all of it, a page at a time", func(t *testing.T) {
+		r.pos = position{done: during}
+		got := 0
+		for {
+			p, err := r.next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += len(p.events)
+			if r.pos.batch == nil {
+				break
+			}
+			if len(p.events) != r.maxDocs {
+				t.Fatalf("a page of %d events before the batch's end, want %d", len(p.events), r.maxDocs)
+			}
+		}
+		if got != 100000 {
+			t.Fatalf("read %d events, want the transaction's 100000", got)
+		}
+	})
+}
+
+// explainPage runs the page query from `from` as the reader sends it (in
+// a transaction, behind the setting that keeps it in index order) under
+// EXPLAIN ANALYZE, and returns the plan.
+func explainPage(t *testing.T, pool *pgxpool.Pool, r *reader, from position) string {
+	t.Helper()
+	sql, args := r.pageSQL(from, from.batch)
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN READ ONLY`)
+	queuePage(b, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+sql, args)
+	b.Queue(`COMMIT`)
+	results := pool.SendBatch(context.Background(), b)
+	defer results.Close()
+	for range 2 {
+		if _, err := results.Exec(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := results.Query()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := results.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
 }
