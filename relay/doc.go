@@ -26,8 +26,10 @@
 // finished. A late committer is in that list and is picked up by the first
 // batch in which it is visible; an unrelated long transaction costs one
 // index lookup of its xid per batch and stalls nothing. Reading is a range
-// scan of the (xid, id) index; the relay writes nothing per event, only one
-// progress row per page.
+// scan of the (xid, id) index that starts at the page's first row, so a
+// page costs its own rows wherever it falls, in the middle of a
+// transaction of a million events too; the relay writes nothing per event,
+// only one progress row per page.
 //
 // # Acknowledgement
 //
