@@ -205,8 +205,9 @@ func sqlString(s string) string {
 // explicit batch snapshot, the statement's own snapshot is the batch's
 // upper bound. Three branches, each of which the (xid, id) index starts
 // at its first row:
-//  1. the rest of the cursor's own transaction (the cursor is always an
-//     event of the batch, or none at its start);
+//  1. the rest of the cursor's own transaction (the cursor is an event of
+//     the batch, or none at its start; the branch checks against done all
+//     the same, so that it depends on the snapshots alone);
 //  2. the late committers after it: in progress in done, visible now;
 //  3. the transactions begun after done and after the cursor's.
 //
@@ -216,7 +217,7 @@ func sqlString(s string) string {
 // events cost 14 ms more per page at its middle, and quadratic time in
 // all. Parameters: $1 done's in-progress xids, $2 $3 the cursor, $4 the
 // page size, $5 where the third branch starts, then the stream filter,
-// then the batch snapshot.
+// the batch snapshot and done.
 func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
 	f, fargs := r.filter(6)
 	after := max(from.done.Xmax, from.cursorXID+1)
@@ -226,11 +227,13 @@ func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
 		args = append(args, batch.String())
 		upper = fmt.Sprintf("$%d::pg_snapshot", len(args))
 	}
+	args = append(args, from.done.String())
+	done := fmt.Sprintf("$%d::pg_snapshot", len(args))
 	visible := ` AND pg_visible_in_snapshot(xid, ` + upper + `)` + f + `
     ORDER BY xid, id LIMIT $4)`
 	sql := `SELECT ` + eventColumns + ` FROM (
   (SELECT * FROM ` + r.schema + `.events
-    WHERE xid = $2::xid8 AND id > $3::bigint` + visible + `
+    WHERE xid = $2::xid8 AND id > $3::bigint AND NOT pg_visible_in_snapshot(xid, ` + done + `)` + visible + `
   UNION ALL
   (SELECT * FROM ` + r.schema + `.events
     WHERE xid = ANY($1::xid8[]) AND xid > $2::xid8` + visible + `
