@@ -45,7 +45,13 @@ type Config struct {
 	LeaseInterval    time.Duration // how often a standby tries to take over; default 1s
 	ShutdownTimeout  time.Duration // grace for in-flight writes on shutdown; default 10s
 	ProgressInterval time.Duration // how often progress over empty batches is stored; default 1s
-	StoreInterval    time.Duration // how often progress over delivered events is stored; default 100ms
+	// QuietProgressInterval replaces ProgressInterval while no stream of
+	// this relay has read an event since the stream's last store: the
+	// position then moved only past transactions without events, such as
+	// other streams' progress stores, which would otherwise keep every
+	// idle stream storing once a second for good; default 1m.
+	QuietProgressInterval time.Duration
+	StoreInterval         time.Duration // how often progress over delivered events is stored; default 100ms
 
 	// Wakeup makes idle read loops wake on NOTIFY from the outbox's
 	// optional trigger (see <schema>.enable_wakeup()) instead of waiting
@@ -93,6 +99,7 @@ func (c *Config) setDefaults() {
 	def(&c.LeaseInterval, time.Second)
 	def(&c.ShutdownTimeout, 10*time.Second)
 	def(&c.ProgressInterval, time.Second)
+	def(&c.QuietProgressInterval, time.Minute)
 	def(&c.StoreInterval, 100*time.Millisecond)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

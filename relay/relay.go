@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,11 @@ type Relay struct {
 	log     *slog.Logger
 
 	waker waker
+
+	// eventsRead counts the events every stream of this relay has read; a
+	// stream whose position moved only by empty pages stores it sooner
+	// when the count moved (see streamWriter.storeDue).
+	eventsRead atomic.Int64
 
 	mu           sync.Mutex
 	held         map[string]context.CancelFunc // streams this process leads

@@ -78,6 +78,51 @@ func TestRetention(t *testing.T) {
 		})
 	})
 
+	t.Run("the streams of an idle relay do not keep one another storing", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		ctx := context.Background()
+		cfg := e.config(newRecordingSink())
+		// Each store is a transaction that moves every other stream's
+		// position past it; at this interval they would store each
+		// other's moves several times a second.
+		cfg.ProgressInterval = 100 * time.Millisecond
+		cfg.Streams = []relay.Stream{
+			{Name: "a", BucketHi: 1023, Indexes: []string{"a"}},
+			{Name: "b", BucketHi: 1023, Indexes: []string{"b"}},
+		}
+		start(t, cfg)
+		updated := func() map[string]time.Time {
+			t.Helper()
+			rows, err := e.pool.Query(ctx, `SELECT stream, updated_at FROM "`+e.schema+`".progress`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string]time.Time{}
+			for rows.Next() {
+				var s string
+				var at time.Time
+				if err := rows.Scan(&s, &at); err != nil {
+					t.Fatal(err)
+				}
+				out[s] = at
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		}
+		schematest.Eventually(t, 10*time.Second, "both streams stored a first position", func() bool {
+			u := updated()
+			return !u["a"].IsZero() && !u["b"].IsZero() && time.Since(u["a"]) > time.Second && time.Since(u["b"]) > time.Second
+		})
+		before := updated()
+		time.Sleep(2 * time.Second)
+		if after := updated(); !after["a"].Equal(before["a"]) || !after["b"].Equal(before["b"]) {
+			t.Fatalf("an idle relay stored progress again: a %s -> %s, b %s -> %s", before["a"], after["a"], before["b"], after["b"])
+		}
+	})
+
 	t.Run("events younger than the retention stay for replay", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)

@@ -24,6 +24,8 @@ type streamWriter struct {
 	acked   position // last stored position
 	pending *position
 	stored  time.Time
+	// readAtStore is the relay's eventsRead at the last store.
+	readAtStore int64
 	// Handled but not yet stored: progress is coalesced so that a busy
 	// stream updates its row a few times a second, not once per page (every
 	// update leaves a row version that an open transaction anywhere in the
@@ -59,9 +61,12 @@ func (w *streamWriter) run(ctx context.Context) error {
 	// Armed only while a position waits to be stored: an idle stream
 	// has nothing to flush and should not wake up to find that out. A
 	// position moved only by empty pages (events of other streams) is due
-	// after ProgressInterval, handled events after StoreInterval; either
+	// after ProgressInterval, or QuietProgressInterval when no stream here
+	// read an event meanwhile; handled events after StoreInterval. Either
 	// way it is stored even if no page follows, or an idle stream would
-	// hold retention back at its last stored position for good.
+	// hold retention back at its last stored position for good. The
+	// timer is re-armed at every turn of the loop (the heartbeat ticks),
+	// so a due time that comes nearer is noticed.
 	flushTimer := time.NewTimer(cfg.StoreInterval)
 	flushTimer.Stop()
 	defer flushTimer.Stop()
@@ -144,6 +149,7 @@ func (w *streamWriter) run(ctx context.Context) error {
 				w.r.log.Error("relay: stopping the stream", "stream", name, "err", p.err)
 				return p.err
 			}
+			w.r.eventsRead.Add(int64(len(p.events)))
 			f := &inflight{p: p, done: make(chan struct{})}
 			if len(p.events) == 0 {
 				close(f.done)
@@ -181,12 +187,21 @@ func (w *streamWriter) drain(ctx context.Context, queue []*inflight) error {
 	return w.flush(ctx)
 }
 
-// storeDue is when the pending position is due to be stored.
+// storeDue is when the pending position is due to be stored. A position
+// moved only by empty pages is worth storing soon when events went by
+// (retention waits for every stream to pass them); when no stream here
+// read any, it moved past transactions without events, very likely the
+// progress stores of this relay's other streams, each of which moves the
+// others: stored once a second, an idle relay's streams would keep one
+// another writing for good.
 func (w *streamWriter) storeDue() time.Time {
-	if w.pendingAcked > 0 {
+	switch {
+	case w.pendingAcked > 0:
 		return w.stored.Add(w.r.cfg.StoreInterval)
+	case w.r.eventsRead.Load() != w.readAtStore:
+		return w.stored.Add(w.r.cfg.ProgressInterval)
 	}
-	return w.stored.Add(w.r.cfg.ProgressInterval)
+	return w.stored.Add(w.r.cfg.QuietProgressInterval)
 }
 
 // complete records a handled page's position, storing it when due.
@@ -195,7 +210,7 @@ func (w *streamWriter) complete(ctx context.Context, f *inflight) error {
 	if len(f.p.events) == 0 {
 		// An empty batch moves the position without acknowledging any
 		// event; storing it can wait, re-reading nothing costs nothing.
-		if time.Since(w.stored) >= w.r.cfg.ProgressInterval {
+		if !time.Now().Before(w.storeDue()) {
 			return w.flush(ctx)
 		}
 		return nil
@@ -229,6 +244,7 @@ func (w *streamWriter) store(ctx context.Context, pos position, acked int, dead 
 		return err
 	}
 	w.acked, w.pending, w.stored = pos, nil, time.Now()
+	w.readAtStore = w.r.eventsRead.Load()
 	w.r.metrics.ackedEvents.WithLabelValues(w.stream.Name).Add(float64(acked))
 	w.r.metrics.progressXID.WithLabelValues(w.stream.Name).Set(float64(pos.done.Xmax))
 	for _, d := range dead {
