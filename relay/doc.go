@@ -39,7 +39,12 @@
 // dead letter), the page's end may be stored as (done, batch snapshot,
 // cursor) in the progress table, in the same transaction as its dead
 // letters. Pages are acknowledged in reading order, never in completion
-// order; stores are coalesced to one per Config.StoreInterval. A crash anywhere re-delivers what came
+// order; stores are coalesced to one per Config.StoreInterval. A position
+// moved only by empty pages is stored after Config.ProgressInterval when
+// events of other streams went by (retention waits for every stream), and
+// after Config.QuietProgressInterval when none did: every store is a
+// transaction that moves the other streams' positions, and an idle relay's
+// streams must not keep one another writing. A crash anywhere re-delivers what came
 // after the stored position: delivery is at least once, so Sink.Write must
 // be idempotent. A failure to store progress (a *ProgressError) is never
 // swallowed: the stream is given up with its lock and led again from the
