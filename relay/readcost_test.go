@@ -212,11 +212,7 @@ func TestLargeTransactionIsReadAPageAtATime(t *testing.T) {
 func explainPage(t *testing.T, pool *pgxpool.Pool, r *reader, from position) string {
 	t.Helper()
 	sql, args := r.pageSQL(from, from.batch)
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN READ ONLY`)
-	queuePage(b, `EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+sql, args)
-	b.Queue(`COMMIT`)
-	results := pool.SendBatch(context.Background(), b)
+	results := pool.SendBatch(context.Background(), pageBatch(`EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+sql, args))
 	defer results.Close()
 	for range 2 {
 		if _, err := results.Exec(); err != nil {

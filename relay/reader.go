@@ -261,33 +261,12 @@ func (r *reader) next(ctx context.Context) (page, error) {
 	}
 	defer conn.Release()
 	sql, args := r.pageSQL(r.pos, r.pos.batch)
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN READ ONLY`)
-	queuePage(b, sql, args)
-	b.Queue(`COMMIT`)
-	br := conn.SendBatch(ctx, b)
+	br := conn.SendBatch(ctx, pageBatch(sql, args))
 	defer br.Close()
-	for range 2 { // BEGIN, the plan setting
-		if _, err := br.Exec(); err != nil {
-			return page{}, fmt.Errorf("relay: read events: %w", err)
-		}
-	}
-	rows, err := br.Query()
-	if err != nil {
+	if _, err := br.Exec(); err != nil { // BEGIN
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
-	p, err := r.collect(rows, r.pos)
-	if err != nil {
-		return page{}, err
-	}
-	if _, err := br.Exec(); err != nil { // COMMIT's answer
-		return page{}, fmt.Errorf("relay: read events: %w", err)
-	}
-	if err := br.Close(); err != nil {
-		return page{}, fmt.Errorf("relay: read events: %w", err)
-	}
-	r.advance(p)
-	return p, nil
+	return r.finishPage(br, r.pos)
 }
 
 // orderedScan keeps a page query on the (xid, id) index order, which its
@@ -305,6 +284,43 @@ const orderedScan = `SET LOCAL enable_bitmapscan = off`
 func queuePage(b *pgx.Batch, sql string, args []any) {
 	b.Queue(orderedScan)
 	b.Queue(sql, args...)
+}
+
+// pageBatch is a page read within a batch: one read-only transaction, sent
+// as one pipeline.
+func pageBatch(sql string, args []any) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN READ ONLY`)
+	queuePage(b, sql, args)
+	b.Queue(`COMMIT`)
+	return b
+}
+
+// finishPage reads what queuePage and COMMIT answer: the setting, the
+// page's rows from `from`, and COMMIT. The page counts as read, and the
+// reader's position moves, only with COMMIT's answer and the end of the
+// pipeline in hand: until then the connection may still fail, and the
+// caller would drop the page while the position went past it.
+func (r *reader) finishPage(br pgx.BatchResults, from position) (page, error) {
+	if _, err := br.Exec(); err != nil { // the plan setting
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	p, err := r.collect(rows, from)
+	if err != nil {
+		return page{}, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	if err := br.Close(); err != nil {
+		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	r.advance(p)
+	return p, nil
 }
 
 // nextBatch takes a new snapshot and reads the first page under it, in one
@@ -358,29 +374,8 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 		// the position stays.
 		return page{pos: r.pos}, nil
 	}
-	if _, err := br.Exec(); err != nil { // the plan setting
-		return page{}, fmt.Errorf("relay: read events: %w", err)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return page{}, fmt.Errorf("relay: read events: %w", err)
-	}
 	from.batch = &snap
-	p, err := r.collect(rows, from)
-	if err != nil {
-		return page{}, err
-	}
-	// The page counts as read only with COMMIT's answer and the end of
-	// the pipeline in hand: until then the connection may still fail,
-	// and the caller would drop the page while the position went past it.
-	if _, err := br.Exec(); err != nil {
-		return page{}, fmt.Errorf("relay: read events: %w", err)
-	}
-	if err := br.Close(); err != nil {
-		return page{}, fmt.Errorf("relay: read events: %w", err)
-	}
-	r.advance(p)
-	return p, nil
+	return r.finishPage(br, from)
 }
 
 // collect reads a page's rows and computes, without moving r.pos, the

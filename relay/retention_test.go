@@ -55,15 +55,9 @@ func TestRetention(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		ctx := context.Background()
-		cfg := e.config(newRecordingSink())
 		// Longer than any gap in the run: without a store on idle, the
 		// position stream b read past the events stays unstored.
-		cfg.ProgressInterval = 2 * time.Second
-		cfg.Streams = []relay.Stream{
-			{Name: "a", BucketHi: 1023, Indexes: []string{"a"}},
-			{Name: "b", BucketHi: 1023, Indexes: []string{"b"}},
-		}
-		start(t, cfg)
+		e.startStreamsAB(t, 2*time.Second)
 		for i := range 3 {
 			e.appendTo(t, "a", fmt.Sprint(i))
 		}
@@ -82,33 +76,19 @@ func TestRetention(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		ctx := context.Background()
-		cfg := e.config(newRecordingSink())
 		// Each store is a transaction that moves every other stream's
 		// position past it; at this interval they would store each
 		// other's moves several times a second.
-		cfg.ProgressInterval = 100 * time.Millisecond
-		cfg.Streams = []relay.Stream{
-			{Name: "a", BucketHi: 1023, Indexes: []string{"a"}},
-			{Name: "b", BucketHi: 1023, Indexes: []string{"b"}},
-		}
-		start(t, cfg)
+		e.startStreamsAB(t, 100*time.Millisecond)
 		updated := func() map[string]time.Time {
 			t.Helper()
-			rows, err := e.pool.Query(ctx, `SELECT stream, updated_at FROM "`+e.schema+`".progress`)
+			streams, err := relay.ListStreams(ctx, e.pool, e.schema, time.Hour)
 			if err != nil {
 				t.Fatal(err)
 			}
 			out := map[string]time.Time{}
-			for rows.Next() {
-				var s string
-				var at time.Time
-				if err := rows.Scan(&s, &at); err != nil {
-					t.Fatal(err)
-				}
-				out[s] = at
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
+			for _, s := range streams {
+				out[s.Name] = s.UpdatedAt
 			}
 			return out
 		}
@@ -136,4 +116,17 @@ func TestRetention(t *testing.T) {
 			t.Fatalf("deleted %d, %v; want 0", n, err)
 		}
 	})
+}
+
+// startStreamsAB starts a relay with streams a and b (of indexes a and b)
+// that stores positions moved by empty pages after progressInterval.
+func (e *env) startStreamsAB(t *testing.T, progressInterval time.Duration) {
+	t.Helper()
+	cfg := e.config(newRecordingSink())
+	cfg.ProgressInterval = progressInterval
+	cfg.Streams = []relay.Stream{
+		{Name: "a", BucketHi: 1023, Indexes: []string{"a"}},
+		{Name: "b", BucketHi: 1023, Indexes: []string{"b"}},
+	}
+	start(t, cfg)
 }

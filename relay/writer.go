@@ -149,11 +149,11 @@ func (w *streamWriter) run(ctx context.Context) error {
 				w.r.log.Error("relay: stopping the stream", "stream", name, "err", p.err)
 				return p.err
 			}
-			w.r.eventsRead.Add(int64(len(p.events)))
 			f := &inflight{p: p, done: make(chan struct{})}
 			if len(p.events) == 0 {
 				close(f.done)
 			} else {
+				w.r.eventsRead.Add(int64(len(p.events)))
 				go func() {
 					defer close(f.done)
 					f.dead, f.err = w.deliver(wctx, p.events)
