@@ -2,11 +2,13 @@ package relay_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -33,6 +35,30 @@ func (s *sizeSink) Write(_ context.Context, events []outbox.Event) ([]outbox.Out
 
 func TestRelayPagesByBytes(t *testing.T) {
 	t.Parallel()
+	t.Run("MaxBatchBytes bounds every page", func(t *testing.T) {
+		t.Parallel()
+		pagesWithin(t, 256<<10, func(cfg *relay.Config) { cfg.MaxBatchBytes = 256 << 10 })
+	})
+	t.Run("a stream's own MaxBatchBytes bounds its pages", func(t *testing.T) {
+		t.Parallel()
+		pagesWithin(t, 128<<10, func(cfg *relay.Config) {
+			cfg.MaxBatchBytes = 4 << 20
+			cfg.Streams = []relay.Stream{{Name: "small-pages", BucketHi: 1023, MaxBatchBytes: 128 << 10}}
+		})
+	})
+	t.Run("a negative MaxBatchBytes of a stream is refused", func(t *testing.T) {
+		t.Parallel()
+		_, err := relay.New(relay.Config{Pool: setup(t).pool, Sink: &sizeSink{}, Streams: []relay.Stream{{Name: "s", BucketHi: 1023, MaxBatchBytes: -1}}})
+		if err == nil || !strings.Contains(err.Error(), "MaxBatchBytes") {
+			t.Fatalf("relay.New: %v, want an error naming MaxBatchBytes", err)
+		}
+	})
+}
+
+// pagesWithin delivers 1,600 events of mixed sizes with the relay
+// configured by set and checks that each arrived once and that no write
+// carried more than bound bytes plus one event.
+func pagesWithin(t *testing.T, bound int, set func(*relay.Config)) {
 	e := setup(t)
 	// Large documents, then small ones, then large again, in one snapshot:
 	// the page size the reader learns from one part is wrong for the next.
@@ -44,10 +70,10 @@ func TestRelayPagesByBytes(t *testing.T) {
 	}
 	sink := &sizeSink{count: map[int64]int{}}
 	cfg := e.config(sink)
-	cfg.MaxBatchBytes = 256 << 10
 	cfg.MaxBatchDocs = 1000
 	cfg.InFlight = 1 // one page per write
 	cfg.Linger = -1
+	set(&cfg)
 	start(t, cfg)
 	schematest.Eventually(t, 30*time.Second, "every event delivered and acknowledged", func() bool {
 		sink.mu.Lock()
@@ -64,8 +90,8 @@ func TestRelayPagesByBytes(t *testing.T) {
 	}
 	largest := 10000 + 200
 	for i, b := range sink.writes {
-		if b > cfg.MaxBatchBytes+largest {
-			t.Errorf("write %d carried %d bytes; pages are bounded by %d and one event", i, b, cfg.MaxBatchBytes)
+		if b > bound+largest {
+			t.Errorf("write %d carried %d bytes; pages are bounded by %d and one event", i, b, bound)
 		}
 	}
 	t.Logf("%d writes", len(sink.writes))

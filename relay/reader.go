@@ -34,6 +34,12 @@ type Stream struct {
 	// messages of destinations no relay serves, which are only recorded
 	// as waiting) can poll less often when idle: every poll is a query.
 	MaxPollInterval time.Duration
+	// MaxBatchBytes is this stream's approximate bytes per page; zero
+	// takes Config.MaxBatchBytes. A stream whose sink does little with a
+	// page (the unrouted message stream only records its messages as
+	// waiting) reads smaller pages: every page read ahead or at the sink
+	// is memory the process holds.
+	MaxBatchBytes int
 }
 
 // likePatterns turns index names and "prefix*" entries into LIKE patterns.

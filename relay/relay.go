@@ -58,6 +58,8 @@ func New(cfg Config) (*Relay, error) {
 			return nil, fmt.Errorf("relay: config: streams: %q listed twice", s.Name)
 		case s.BucketLo < 0 || s.BucketHi > 1023 || s.BucketLo > s.BucketHi:
 			return nil, fmt.Errorf("relay: config: streams: %q: bucket range %d..%d is not within 0..1023", s.Name, s.BucketLo, s.BucketHi)
+		case s.MaxBatchBytes < 0:
+			return nil, fmt.Errorf("relay: config: streams: %q: MaxBatchBytes must be >= 0 (0 takes Config.MaxBatchBytes), got %d", s.Name, s.MaxBatchBytes)
 		case s.Sink == nil && cfg.Sink == nil:
 			return nil, fmt.Errorf("relay: config: Sink is required (stream %q has none of its own)", s.Name)
 		}

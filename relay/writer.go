@@ -50,7 +50,11 @@ func (w *streamWriter) run(ctx context.Context) error {
 	})
 	defer stopGrace()
 
-	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: cfg.MaxBatchBytes, pos: w.acked, ledFrom: w.acked.done.Xmax, afterRead: cfg.afterRead}
+	maxBytes := cfg.MaxBatchBytes
+	if w.stream.MaxBatchBytes > 0 {
+		maxBytes = w.stream.MaxBatchBytes
+	}
+	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: maxBytes, pos: w.acked, ledFrom: w.acked.done.Xmax, afterRead: cfg.afterRead}
 	readCtx, stopReading := context.WithCancel(ctx)
 	defer stopReading()
 	pages := make(chan page, cfg.Prefetch)

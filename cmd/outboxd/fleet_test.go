@@ -88,7 +88,7 @@ func startFleetRelay(t *testing.T, e *cliEnv, specs ...string) *fleetRelay {
 		t.Fatal(err)
 	}
 	streams[0].Exclude = []string{outbox.MessagePrefix + "*"}
-	hooks, err := messageStreams(e.pool, e.schema, specs, 0, reg, log)
+	hooks, err := messageStreams(e.pool, e.schema, specs, 0, 0, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,13 +19,17 @@ const memoryBase = 32 << 20
 // what is live before collecting, so the pages a relay holds by design
 // would cost twice their size in RSS. "auto" derives it from that design
 // bound: per stream, pages read ahead, at the sink and their bulk bodies
-// ((prefetch + 2 x in-flight + 1) x batch-bytes). It is soft: a process that
-// needs more (one giant document) gets it, at the price of more frequent
-// collection.
-func relayMemoryLimit(spec string, f relayFlags, streams int) (int64, error) {
+// ((prefetch + 2 x in-flight + 1) x the stream's page bytes, pageBytes[i]).
+// It is soft: a process that needs more (one giant document) gets it, at
+// the price of more frequent collection.
+func relayMemoryLimit(spec string, f relayFlags, pageBytes []int) (int64, error) {
 	switch strings.ToLower(strings.TrimSpace(spec)) {
 	case "auto":
-		return memoryBase + int64(streams)*int64(f.prefetch+2*f.inFlight+1)*int64(f.batchBytes), nil
+		limit := int64(memoryBase)
+		for _, b := range pageBytes {
+			limit += int64(f.prefetch+2*f.inFlight+1) * int64(b)
+		}
+		return limit, nil
 	case "off", "0":
 		return 0, nil
 	}

@@ -44,9 +44,12 @@ func TestRelayMemoryLimit(t *testing.T) {
 	}
 	t.Run("auto: 32 MiB and (prefetch + 2 x in-flight + 1) pages per stream", func(t *testing.T) {
 		// Two streams: the search stream and the unrouted message stream
-		// every relay runs.
+		// every relay runs, whose pages are at most 1 MiB.
 		if got, want := limitOf(t, "--batch-bytes", "1048576"), int64(32<<20+2*(2+2*3+1)<<20); got != want {
 			t.Fatalf("limit %d, want %d", got, want)
+		}
+		if got, want := limitOf(t, "--batch-bytes", "4194304"), int64(32<<20+(2+2*3+1)*(4<<20+1<<20)); got != want {
+			t.Fatalf("limit %d, want %d (the unrouted stream's pages at 1 MiB)", got, want)
 		}
 	})
 	t.Run("a size", func(t *testing.T) {

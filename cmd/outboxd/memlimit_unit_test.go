@@ -26,7 +26,7 @@ func TestRelayMemoryLimitRefusesBareNumbersAndTinyLimits(t *testing.T) {
 		{"lots", 0, "want auto, off, or a size"},
 		{"99999999999GiB", 0, "want auto, off, or a size"},
 	} {
-		got, err := relayMemoryLimit(tc.spec, f, 1)
+		got, err := relayMemoryLimit(tc.spec, f, []int{f.batchBytes})
 		switch {
 		case tc.err == "" && err != nil:
 			t.Errorf("--memory-limit %s: %v", tc.spec, err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -64,7 +65,11 @@ func runRelay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	limit, err := relayMemoryLimit(f.memoryLimit, f, len(r.Streams()))
+	var pageBytes []int
+	for _, s := range r.Streams() {
+		pageBytes = append(pageBytes, cmp.Or(s.MaxBatchBytes, f.batchBytes))
+	}
+	limit, err := relayMemoryLimit(f.memoryLimit, f, pageBytes)
 	if err != nil {
 		return err
 	}

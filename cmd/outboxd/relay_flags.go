@@ -103,7 +103,7 @@ func newRelayFlagSet(name, usage string) (*flag.FlagSet, *dbFlags, *esFlags, *re
 	fs.StringVar(&f.indexes, "indexes", "", "only deliver events for these index names (comma-separated; default all)")
 	fs.BoolVar(&f.upgrade, "upgrade-layouts", true, "at start, upgrade the indexes of earlier releases (those in --indexes, or every one outboxd manages) to the current alias layout, in the background")
 	fs.IntVar(&f.batchDocs, "batch-docs", 8000, "events per page read from the outbox and handed to the sink")
-	fs.StringVar(&f.memoryLimit, "memory-limit", "auto", "soft memory limit of the process (the Go runtime's GOMEMLIMIT, which wins when set): a size such as 512MiB, off, or auto: 32 MiB + per stream (prefetch + 2 x in-flight + 1) x batch-bytes")
+	fs.StringVar(&f.memoryLimit, "memory-limit", "auto", "soft memory limit of the process (the Go runtime's GOMEMLIMIT, which wins when set): a size such as 512MiB, off, or auto: 32 MiB + per stream (prefetch + 2 x in-flight + 1) x its page bytes (batch-bytes; at most 1 MiB for the unrouted message stream)")
 	fs.IntVar(&f.batchBytes, "batch-bytes", 4<<20, "bytes per page; a page ends with the event that reaches this, so it may exceed it by one event. Events held per stream led: up to (prefetch + in-flight + 1) x (batch-bytes + largest event), plus the sink's bulk bodies")
 	fs.IntVar(&f.prefetch, "prefetch", 2, "pages read ahead of the sink (memory: see --batch-bytes)")
 	fs.IntVar(&f.inFlight, "in-flight", 3, "pages at the sink at once; acknowledged in order (memory: see --batch-bytes)")
@@ -146,7 +146,7 @@ func newRelayFlagSet(name, usage string) (*flag.FlagSet, *dbFlags, *esFlags, *re
 // checkRelayFlags refuses values no relay can run with. Each error starts
 // with the flag's name, which locate turns into the file's key and line.
 func checkRelayFlags(f relayFlags) error {
-	if _, err := relayMemoryLimit(f.memoryLimit, f, 1); err != nil {
+	if _, err := relayMemoryLimit(f.memoryLimit, f, []int{f.batchBytes}); err != nil {
 		return err
 	}
 	if f.linger < 0 {

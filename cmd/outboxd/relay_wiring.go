@@ -55,7 +55,7 @@ func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client
 		// Messages have sinks of their own; Elasticsearch never sees them.
 		streams[i].Exclude = []string{outbox.MessagePrefix + "*"}
 	}
-	hooks, err := messageStreams(pool, schemaName, f.destinations, 10*f.maxPoll, reg, log)
+	hooks, err := messageStreams(pool, schemaName, f.destinations, 10*f.maxPoll, min(f.batchBytes, unroutedPageBytes), reg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +103,9 @@ func newAdminServer(pool *pgxpool.Pool, schemaName string, client *elasticsearch
 // --max-poll, a second by default): every relay has it, so at --max-poll
 // it doubled an idle relay's queries and CPU, and what it reads is only
 // recorded as waiting until a relay that serves the destination starts.
-func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, unroutedPoll time.Duration, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
+// For the same reason it reads pages of at most unroutedBytes: each page
+// it holds ahead or at its sink counts toward --memory-limit auto.
+func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, unroutedPoll time.Duration, unroutedBytes int, reg *prometheus.Registry, log *slog.Logger) ([]relay.Stream, error) {
 	id, err := schema.Ident(schemaName)
 	if err != nil {
 		return nil, err
@@ -148,8 +150,13 @@ func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, unrou
 		return out, nil
 	})
 	return append(out, relay.Stream{Name: "webhook-unrouted", BucketHi: 1023, Indexes: []string{outbox.MessagePrefix + "*"}, Sink: unrouted,
-		MaxPollInterval: unroutedPoll}), nil
+		MaxPollInterval: unroutedPoll, MaxBatchBytes: unroutedBytes}), nil
 }
+
+// unroutedPageBytes bounds the unrouted stream's pages. Its sink inserts a
+// ledger row per message, so larger pages buy it nothing, while every relay
+// runs it: at --batch-bytes (4 MiB) it added 36 MiB to the memory limit.
+const unroutedPageBytes = 1 << 20
 
 // messageStream is the name of a destination's stream.
 func messageStream(destination string) string { return "webhook-" + destination }
