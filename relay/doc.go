@@ -53,8 +53,11 @@
 // A page read at a low rate lingers (Config.Linger, from its reading) to
 // gather what commits meanwhile, and goes as soon as it holds
 // Config.LingerDocs events: the sink gets fewer, larger writes for at most
-// Linger of added latency. A full page, and the page after it, never
-// linger: a backlog is not held back. A lingering page is not yet
+// Linger of added latency. While such a trickle lasts, the next read waits
+// until the rate says LingerDocs events are there, within Linger of the
+// previous page's hand-over, which counts toward its linger: one read per
+// page instead of a poll that finds an event or two. A full page, and the
+// page after it, never linger: a backlog is not held back. A lingering page is not yet
 // acknowledged, so a shutdown or crash during the linger re-delivers it.
 //
 // Pages are acknowledged in order, but up to Config.InFlight of them are at

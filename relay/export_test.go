@@ -1,6 +1,9 @@
 package relay
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // StreamKey lets tests take a stream's lock the way a relay does.
 var StreamKey = streamKey
@@ -17,4 +20,10 @@ func MoveReadPositionAfterFirstPage(c *Config, by uint64) {
 			once.Do(func() { p.done.Xmax += by })
 		}
 	}
+}
+
+// CountReads counts the reader's successful page reads, empty ones
+// included, in n.
+func CountReads(c *Config, n *atomic.Int64) {
+	c.afterRead = func(*position) { n.Add(1) }
 }

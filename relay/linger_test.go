@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,6 +100,45 @@ func TestRelayLinger(t *testing.T) {
 			t.Errorf("an event took %v from commit to the sink; want the 300ms linger to end on its timer", worst)
 		}
 		t.Logf("%d writes; slowest event %v", writes, worst.Round(time.Millisecond))
+	})
+
+	t.Run("a trickle is read about once per write, not polled", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newTimingSink()
+		cfg := e.config(sink)
+		cfg.Linger = 300 * time.Millisecond
+		cfg.LingerDocs = 10
+		var reads atomic.Int64
+		relay.CountReads(&cfg, &reads)
+		start(t, cfg)
+		// One event every 20ms for 2s: LingerDocs are there every 200ms.
+		// Reading again right after each write found an event or two,
+		// polled from MinPollInterval up and read once more for the rest:
+		// 29 reads for 10 writes.
+		e.append(t, 1)
+		schematest.Eventually(t, 10*time.Second, "the first event delivered", func() bool {
+			_, n := sink.count()
+			return n == 1
+		})
+		reads.Store(0)
+		w0, _ := sink.count()
+		for range 100 {
+			e.append(t, 1)
+			time.Sleep(20 * time.Millisecond)
+		}
+		schematest.Eventually(t, 20*time.Second, "every event delivered", func() bool {
+			_, n := sink.count()
+			return n == 101
+		})
+		writes, _ := sink.count()
+		writes -= w0
+		// The reads include the empty polls after the last event.
+		if r := reads.Load(); r > int64(writes*8/5)+5 {
+			t.Errorf("100 events at 50/s: %d reads for %d writes; want about one read per write", r, writes)
+		} else {
+			t.Logf("%d reads for %d writes", r, writes)
+		}
 	})
 
 	t.Run("a page that reaches LingerDocs goes at once", func(t *testing.T) {

@@ -22,7 +22,22 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	if w.stream.MaxPollInterval > 0 {
 		idle = w.stream.MaxPollInterval
 	}
+	// trickle is when the last page of a trickle went to the writer, zero
+	// otherwise. A read right after it would find an event or two and
+	// linger on them; the stream waits instead until the rate says
+	// LingerDocs are there, and reads once. At 500 events/s that took the
+	// reads from about three per page to one, and each costs a round trip
+	// and its wake-ups on both sides, about 0.7 ms of CPU here.
+	var trickle time.Time
 	for {
+		began, counted := time.Now(), false
+		if !trickle.IsZero() {
+			began, counted = trickle, true
+			if !sleep(ctx, time.Until(trickle.Add(w.fillTime()))) {
+				return
+			}
+			trickle = time.Time{}
+		}
 		p, err := rd.next(ctx)
 		var fatal *PositionError
 		var changed *serverChangedError
@@ -64,7 +79,7 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 		}
 		wait = 0
 		if !backlog {
-			p = w.linger(ctx, rd, p)
+			p = w.linger(ctx, rd, p, began, counted)
 		}
 		backlog = p.pos.batch != nil
 		last = p.pos
@@ -73,7 +88,20 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 		case <-ctx.Done():
 			return
 		}
+		if !backlog && cfg.Linger > 0 && w.lingerRate > 0 {
+			trickle = time.Now()
+		}
 	}
+}
+
+// fillTime is how long LingerDocs events take to commit at the rate the
+// last linger saw, at most Linger.
+func (w *streamWriter) fillTime() time.Duration {
+	cfg := w.r.cfg
+	if w.lingerRate <= 0 {
+		return 0
+	}
+	return min(cfg.Linger, time.Duration(float64(cfg.LingerDocs)/w.lingerRate*float64(time.Second)))
 }
 
 // linger holds back a page that arrived at a low rate, up to Linger from
@@ -86,14 +114,27 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 //
 // It reads again when the rate seen in earlier lingers says LingerDocs
 // should be there, not at every poll interval: each read is a query.
-func (w *streamWriter) linger(ctx context.Context, rd *reader, p page) page {
+//
+// The linger runs Linger from start: the read loop's wait for a trickle
+// counts as part of it, so no event waits longer than Linger in all.
+// counted says that p's events all committed since start and measure the
+// rate; otherwise only what the linger reads does.
+func (w *streamWriter) linger(ctx context.Context, rd *reader, p page, start time.Time, counted bool) page {
 	cfg := w.r.cfg
-	if cfg.Linger <= 0 || p.pos.batch != nil || len(p.events) >= cfg.LingerDocs {
+	if cfg.Linger <= 0 || p.pos.batch != nil {
 		return p
 	}
-	start := time.Now()
-	deadline := start.Add(cfg.Linger)
 	first := len(p.events)
+	if counted {
+		first = 0
+	}
+	if len(p.events) >= cfg.LingerDocs {
+		if counted {
+			w.lingerRate = float64(len(p.events)) / max(time.Since(start).Seconds(), 1e-6)
+		}
+		return p
+	}
+	deadline := start.Add(cfg.Linger)
 	maxDocs, maxBytes := rd.maxDocs, rd.maxBytes
 	defer func() { rd.maxDocs, rd.maxBytes = maxDocs, maxBytes }()
 	rate := w.lingerRate // events per second; 0 when unknown
