@@ -27,8 +27,9 @@ type Config struct {
 	MinPollInterval time.Duration // first wait after an empty poll; default 2ms
 	MaxPollInterval time.Duration // longest idle wait; default 100ms
 
-	// Linger is how long a page that arrived at a low rate may wait,
-	// from its reading, for more events before it goes to the sink;
+	// Linger is how long a page that arrived at a low rate may wait for
+	// more events before it goes to the sink (from its reading, or from
+	// the previous page's hand-over while a trickle lasts);
 	// LingerDocs is the size at which it stops waiting. Both bound what a
 	// low rate costs the sink (fewer, larger writes) against latency. A
 	// full page (a backlog) never waits. Defaults 60ms and 27 events: at
@@ -63,7 +64,7 @@ type Config struct {
 	// never logs on its own; cmd/outboxd passes its logger).
 	Logger *slog.Logger
 
-	afterRead func(*position) // tests only: see export_test.go
+	afterRead func(*position, int) // tests only: see export_test.go
 }
 
 func (c *Config) setDefaults() {

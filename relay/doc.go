@@ -50,7 +50,7 @@
 // swallowed: the stream is given up with its lock and led again from the
 // stored position.
 //
-// A page read at a low rate lingers (Config.Linger, from its reading) to
+// A page read at a low rate lingers (Config.Linger) to
 // gather what commits meanwhile, and goes as soon as it holds
 // Config.LingerDocs events: the sink gets fewer, larger writes for at most
 // Linger of added latency. While such a trickle lasts, the next read waits

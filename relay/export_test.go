@@ -15,15 +15,19 @@ var StreamKey = streamKey
 // the old primary's newest transactions.
 func MoveReadPositionAfterFirstPage(c *Config, by uint64) {
 	var once sync.Once
-	c.afterRead = func(p *position) {
+	c.afterRead = func(p *position, _ int) {
 		if p.batch == nil && p.done.Xmax > 1 {
 			once.Do(func() { p.done.Xmax += by })
 		}
 	}
 }
 
-// CountReads counts the reader's successful page reads, empty ones
-// included, in n.
+// CountReads counts the reader's successful page reads that returned
+// events in n.
 func CountReads(c *Config, n *atomic.Int64) {
-	c.afterRead = func(*position) { n.Add(1) }
+	c.afterRead = func(_ *position, events int) {
+		if events > 0 {
+			n.Add(1)
+		}
+	}
 }

@@ -133,8 +133,8 @@ func TestRelayLinger(t *testing.T) {
 		})
 		writes, _ := sink.count()
 		writes -= w0
-		// The reads include the empty polls after the last event.
-		if r := reads.Load(); r > int64(writes*8/5)+5 {
+		// Reads that found nothing (a stalled writer) are not counted.
+		if r := reads.Load(); r > int64(writes*8/5)+3 {
 			t.Errorf("100 events at 50/s: %d reads for %d writes; want about one read per write", r, writes)
 		} else {
 			t.Logf("%d reads for %d writes", r, writes)

@@ -125,7 +125,7 @@ type reader struct {
 	ledFrom uint64
 	// afterRead, set by tests only (Config.afterRead), sees the position
 	// after each successful read.
-	afterRead func(*position)
+	afterRead func(*position, int)
 }
 
 // limit is the page query's LIMIT: maxDocs, or fewer when the events seen
@@ -435,7 +435,7 @@ func (r *reader) advance(p page) {
 		r.avgSize = max(1, p.bytes/n)
 	}
 	if r.afterRead != nil {
-		r.afterRead(&r.pos)
+		r.afterRead(&r.pos, len(p.events))
 	}
 }
 

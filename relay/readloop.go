@@ -22,12 +22,14 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	if w.stream.MaxPollInterval > 0 {
 		idle = w.stream.MaxPollInterval
 	}
-	// trickle is when the last page of a trickle went to the writer, zero
+	// trickle is when the last page of a trickle was handed on, zero
 	// otherwise. A read right after it would find an event or two and
 	// linger on them; the stream waits instead until the rate says
 	// LingerDocs are there, and reads once. At 500 events/s that took the
 	// reads from about three per page to one, and each costs a round trip
-	// and its wake-ups on both sides, about 0.7 ms of CPU here.
+	// and its wake-ups on both sides, about 0.7 ms of CPU here. The wait
+	// is a linger's: a NOTIFY wake-up does not cut it short (it stays
+	// buffered and wakes the next idle wait).
 	var trickle time.Time
 	for {
 		began, counted := time.Now(), false
@@ -78,18 +80,25 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 			continue
 		}
 		wait = 0
+		trickling := false
 		if !backlog {
-			p = w.linger(ctx, rd, p, began, counted)
+			p, trickling = w.linger(ctx, rd, p, began, counted)
 		}
 		backlog = p.pos.batch != nil
+		if backlog {
+			w.lingerRate = 0 // a backlog says nothing about the next trickle's rate
+		}
 		last = p.pos
+		// Taken before the hand-over: a writer that took long to accept
+		// the page (a paused sink) leaves no wait before the next read.
+		handed := time.Now()
 		select {
 		case out <- p:
 		case <-ctx.Done():
 			return
 		}
-		if !backlog && cfg.Linger > 0 && w.lingerRate > 0 {
-			trickle = time.Now()
+		if trickling {
+			trickle = handed
 		}
 	}
 }
@@ -118,21 +127,25 @@ func (w *streamWriter) fillTime() time.Duration {
 // The linger runs Linger from start: the read loop's wait for a trickle
 // counts as part of it, so no event waits longer than Linger in all.
 // counted says that p's events all committed since start and measure the
-// rate; otherwise only what the linger reads does.
-func (w *streamWriter) linger(ctx context.Context, rd *reader, p page, start time.Time, counted bool) page {
+// rate; otherwise only what the linger reads does. trickling reports a
+// page of a trickle, with a rate measured: not a full page, not one cut
+// short by a failed read, not one that reached LingerDocs at once after
+// an idle wait (its rate is unknown).
+func (w *streamWriter) linger(ctx context.Context, rd *reader, p page, start time.Time, counted bool) (_ page, trickling bool) {
 	cfg := w.r.cfg
 	if cfg.Linger <= 0 || p.pos.batch != nil {
-		return p
+		return p, false
 	}
 	first := len(p.events)
 	if counted {
 		first = 0
 	}
 	if len(p.events) >= cfg.LingerDocs {
-		if counted {
-			w.lingerRate = float64(len(p.events)) / max(time.Since(start).Seconds(), 1e-6)
+		if !counted {
+			return p, false
 		}
-		return p
+		w.lingerRate = float64(len(p.events)) / max(time.Since(start).Seconds(), 1e-6)
+		return p, true
 	}
 	deadline := start.Add(cfg.Linger)
 	maxDocs, maxBytes := rd.maxDocs, rd.maxBytes
@@ -158,12 +171,14 @@ func (w *streamWriter) linger(ctx context.Context, rd *reader, p page, start tim
 		q, err := rd.next(ctx)
 		if err != nil {
 			// A failed read leaves rd's position at the end of p, so p
-			// goes on as it is and the read loop reads the rest again.
+			// goes on as it is and the read loop reads the rest again,
+			// at once.
 			if ctx.Err() == nil {
 				w.r.metrics.readErrors.WithLabelValues(w.stream.Name).Inc()
 				w.r.log.Warn("relay: read failed while lingering; handing on the page as read so far", "stream", w.stream.Name, "events", len(p.events), "err", err)
 			}
-			break
+			w.lingerRate = rate
+			return p, false
 		}
 		p.events = append(p.events, q.events...)
 		p.bytes += q.bytes
@@ -173,7 +188,7 @@ func (w *streamWriter) linger(ctx context.Context, rd *reader, p page, start tim
 		}
 	}
 	w.lingerRate = rate
-	return p
+	return p, p.pos.batch == nil && rate > 0
 }
 
 // lingerPolls is how many times a linger reads the outbox at most while

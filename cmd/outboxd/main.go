@@ -48,6 +48,7 @@ func main() {
 		fmt.Println(currentBuild())
 		return
 	}
+	governScheduler = true
 	cmd, ok := commands[os.Args[1]]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "outboxd: unknown command %q\n\n", os.Args[1])

@@ -46,6 +46,7 @@ func TestRelayProcs(t *testing.T) {
 		return addr, func() { exitsWithin(t, cmd, out, 5*time.Second) }
 	}
 	t.Run("an idle relay runs on one processor", func(t *testing.T) {
+		t.Setenv("GOMAXPROCS", "") // the environment's would turn it off
 		addr, stop := relay(t)
 		defer stop()
 		schematest.Eventually(t, 30*time.Second, "GOMAXPROCS 1 after quiet seconds", func() bool { return procsOf(addr) == 1 })

@@ -74,7 +74,9 @@ func runRelay(ctx context.Context, args []string) error {
 		return err
 	}
 	applyMemoryLimit(limit, log)
-	go governProcs(ctx, log)
+	if governScheduler {
+		go governProcs(ctx, log)
+	}
 
 	jobPool, err := newJobPool(ctx, pool)
 	if err != nil {

@@ -149,6 +149,9 @@ func checkRelayFlags(f relayFlags) error {
 	if _, err := relayMemoryLimit(f.memoryLimit, f, []int{f.batchBytes}); err != nil {
 		return err
 	}
+	if f.batchBytes < 1 {
+		return fmt.Errorf("batch-bytes: must be >= 1, got %d", f.batchBytes)
+	}
 	if f.linger < 0 {
 		return fmt.Errorf("linger: must be >= 0, got %v", f.linger)
 	}
