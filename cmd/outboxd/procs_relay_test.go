@@ -39,21 +39,26 @@ func TestRelayProcs(t *testing.T) {
 		}
 		return int(n)
 	}
-	relay := func(t *testing.T) (addr string, stop func()) {
+	relay := func(t *testing.T) (addr string, out *syncBuffer, stop func()) {
 		addr = freeAddr(t)
-		cmd, out := startCommand(t, append([]string{"relay", "--elasticsearch-url", esURL, "--lease-interval", "100ms", "--admin-addr", addr}, e.dbArgs...)...)
+		cmd, out := startCommand(t, append([]string{"relay", "--elasticsearch-url", esURL, "--admin-addr", addr}, e.dbArgs...)...)
 		schematest.Eventually(t, 20*time.Second, "the relay's /metrics", func() bool { return procsOf(addr) > 0 })
-		return addr, func() { exitsWithin(t, cmd, out, 5*time.Second) }
+		return addr, out, func() { exitsWithin(t, cmd, out, 5*time.Second) }
 	}
 	t.Run("an idle relay runs on one processor", func(t *testing.T) {
 		t.Setenv("GOMAXPROCS", "") // the environment's would turn it off
-		addr, stop := relay(t)
+		t.Setenv("OUTBOXD_LOG_LEVEL", "debug")
+		addr, out, stop := relay(t)
 		defer stop()
-		schematest.Eventually(t, 30*time.Second, "GOMAXPROCS 1 after quiet seconds", func() bool { return procsOf(addr) == 1 })
+		for deadline := time.Now().Add(30 * time.Second); procsOf(addr) != 1; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("GOMAXPROCS %d after 30 s of an idle relay, want 1; its log:\n%s", procsOf(addr), out.String())
+			}
+		}
 	})
 	t.Run("GOMAXPROCS in the environment wins", func(t *testing.T) {
 		t.Setenv("GOMAXPROCS", "2")
-		addr, stop := relay(t)
+		addr, _, stop := relay(t)
 		defer stop()
 		time.Sleep((quietSeconds + 2) * procsPeriod)
 		if n := procsOf(addr); n != 2 {
