@@ -57,7 +57,8 @@
 // until the rate says LingerDocs events are there, within Linger of the
 // previous page's hand-over, which counts toward its linger: one read per
 // page instead of a poll that finds an event or two. A full page, and the
-// page after it, never linger: a backlog is not held back. A lingering page is not yet
+// page after it, never linger: a backlog is not held back; nor does a
+// stream with Stream.NoLinger. A lingering page is not yet
 // acknowledged, so a shutdown or crash during the linger re-delivers it.
 //
 // Pages are acknowledged in order, but up to Config.InFlight of them are at

@@ -141,6 +141,22 @@ func TestRelayLinger(t *testing.T) {
 		}
 	})
 
+	t.Run("a stream with NoLinger does not wait", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		sink := newTimingSink()
+		cfg := e.config(sink)
+		cfg.Linger = time.Minute
+		cfg.LingerDocs = 1000
+		cfg.Streams = []relay.Stream{{Name: "no-linger", BucketHi: 1023, NoLinger: true}}
+		start(t, cfg)
+		e.append(t, 1)
+		schematest.Eventually(t, 10*time.Second, "the event delivered well before the minute's linger", func() bool {
+			_, n := sink.count()
+			return n == 1
+		})
+	})
+
 	t.Run("a page that reaches LingerDocs goes at once", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)

@@ -40,6 +40,11 @@ type Stream struct {
 	// waiting) reads smaller pages: every page read ahead or at the sink
 	// is memory the process holds.
 	MaxBatchBytes int
+	// NoLinger keeps this stream's pages from lingering (Config.Linger):
+	// a sink that sends each event on its own, such as a webhook
+	// destination's, gains nothing from larger writes, while its
+	// receivers would wait up to Linger for every message.
+	NoLinger bool
 }
 
 // likePatterns turns index names and "prefix*" entries into LIKE patterns.

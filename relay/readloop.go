@@ -133,7 +133,7 @@ func (w *streamWriter) fillTime() time.Duration {
 // an idle wait (its rate is unknown).
 func (w *streamWriter) linger(ctx context.Context, rd *reader, p page, start time.Time, counted bool) (_ page, trickling bool) {
 	cfg := w.r.cfg
-	if cfg.Linger <= 0 || p.pos.batch != nil {
+	if cfg.Linger <= 0 || w.stream.NoLinger || p.pos.batch != nil {
 		return p, false
 	}
 	first := len(p.events)

@@ -128,7 +128,7 @@ func messageStreams(pool *pgxpool.Pool, schemaName string, specs []string, unrou
 		}
 		log.Info("webhook destination", "destination", d.String())
 		names = append(names, d.Name)
-		out = append(out, relay.Stream{Name: messageStream(d.Name), BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink})
+		out = append(out, relay.Stream{Name: messageStream(d.Name), BucketHi: 1023, Indexes: []string{outbox.MessageIndex(d.Name)}, Sink: sink, NoLinger: true})
 	}
 	unrouted, err := webhook.NewUnroutedSink(pool, schemaName, names, m)
 	if err != nil {
