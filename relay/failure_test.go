@@ -201,12 +201,13 @@ func TestRelayFailures(t *testing.T) {
 		schematest.Eventually(t, 20*time.Second, "all delivered", func() bool { return sink.delivered() == 200 })
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
-		last := map[string]int64{}
+		last := map[string]outbox.Event{}
 		for _, ev := range sink.seen {
-			if ev.Version <= last[ev.SourceID] {
-				t.Fatalf("source %s: version %d delivered after %d", ev.SourceID, ev.Version, last[ev.SourceID])
+			if prev, ok := last[ev.SourceID]; ok && ev.Version <= prev.Version {
+				t.Fatalf("source %s: version %d (event %d, xid %d, delivered %d times) after %d (event %d, xid %d)",
+					ev.SourceID, ev.Version, ev.ID, ev.XID, sink.count[ev.ID], prev.Version, prev.ID, prev.XID)
 			}
-			last[ev.SourceID] = ev.Version
+			last[ev.SourceID] = ev
 		}
 	})
 
