@@ -63,7 +63,10 @@
 //
 // Pages are acknowledged in order, but up to Config.InFlight of them are at
 // the sink at once, so a sink must not rely on order (with InFlight 1,
-// events of one source_id reach it in commit order). Retries, replays and
+// events of one source_id reach it in transaction-id order, which is
+// commit order except for two writers of one source whose transactions
+// took their ids in one order and the version counter's lock in the other:
+// both committed before one read, the later version comes first). Retries, replays and
 // failovers re-deliver older events anyway. The versions carried by the events
 // are what make the result exact (see package indexer).
 //

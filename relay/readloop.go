@@ -35,7 +35,7 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 		began, counted := time.Now(), false
 		if !trickle.IsZero() {
 			began, counted = trickle, true
-			if !sleep(ctx, time.Until(trickle.Add(w.fillTime()))) {
+			if !sleep(ctx, time.Until(trickle.Add(w.fillTime(rd.maxDocs)))) {
 				return
 			}
 			trickle = time.Time{}
@@ -103,14 +103,14 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	}
 }
 
-// fillTime is how long LingerDocs events take to commit at the rate the
-// last linger saw, at most Linger.
-func (w *streamWriter) fillTime() time.Duration {
+// fillTime is how long LingerDocs events, or a page of maxDocs if that
+// is fewer, take to commit at the rate the last linger saw, at most Linger.
+func (w *streamWriter) fillTime(maxDocs int) time.Duration {
 	cfg := w.r.cfg
 	if w.lingerRate <= 0 {
 		return 0
 	}
-	return min(cfg.Linger, time.Duration(float64(cfg.LingerDocs)/w.lingerRate*float64(time.Second)))
+	return min(cfg.Linger, time.Duration(float64(min(cfg.LingerDocs, maxDocs))/w.lingerRate*float64(time.Second)))
 }
 
 // linger holds back a page that arrived at a low rate, up to Linger from
