@@ -62,11 +62,12 @@
 // acknowledged, so a shutdown or crash during the linger re-delivers it.
 //
 // Pages are acknowledged in order, but up to Config.InFlight of them are at
-// the sink at once, so a sink must not rely on order (with InFlight 1,
-// events of one source_id reach it in transaction-id order, which is
-// commit order except for two writers of one source whose transactions
-// took their ids in one order and the version counter's lock in the other:
-// both committed before one read, the later version comes first). Retries, replays and
+// the sink at once, so a sink must not rely on order. Even with InFlight 1
+// the events of one read (one snapshot) arrive in transaction-id order,
+// and a transaction takes its id at its first write: two writers of one
+// source that took their ids in one order and committed (and took their
+// versions) in the other arrive with the later version first when both
+// committed before the same read. Retries, replays and
 // failovers re-deliver older events anyway. The versions carried by the events
 // are what make the result exact (see package indexer).
 //
