@@ -49,6 +49,28 @@ func (s *timingSink) count() (writes, events int) {
 	return len(s.writes), len(s.at)
 }
 
+// trickle commits n events one per transaction, one every 20ms, and
+// returns when each committed.
+func (e *env) trickle(t *testing.T, n int) map[int64]time.Time {
+	t.Helper()
+	committed := make(map[int64]time.Time, n)
+	for range n {
+		ids := e.append(t, 1)
+		committed[ids[0]] = time.Now()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return committed
+}
+
+// waitEvents waits until the sink has n distinct events.
+func (s *timingSink) waitEvents(t *testing.T, n int) {
+	t.Helper()
+	schematest.Eventually(t, 20*time.Second, "every event delivered", func() bool {
+		_, got := s.count()
+		return got == n
+	})
+}
+
 // appendMany commits n events in one transaction, so that the relay finds
 // them all in one snapshot.
 func (e *env) appendMany(t *testing.T, n int) {
@@ -73,16 +95,8 @@ func TestRelayLinger(t *testing.T) {
 		start(t, cfg)
 		// One event every 20ms for 1.5s: without the linger, about one
 		// write per event.
-		committed := map[int64]time.Time{}
-		for range 75 {
-			ids := e.append(t, 1)
-			committed[ids[0]] = time.Now()
-			time.Sleep(20 * time.Millisecond)
-		}
-		schematest.Eventually(t, 20*time.Second, "every event delivered", func() bool {
-			_, n := sink.count()
-			return n == len(committed)
-		})
+		committed := e.trickle(t, 75)
+		sink.waitEvents(t, len(committed))
 		writes, _ := sink.count()
 		if writes > 15 {
 			t.Errorf("75 events at 50/s took %d writes; with a 300ms linger want at most 15", writes)
@@ -123,14 +137,8 @@ func TestRelayLinger(t *testing.T) {
 		})
 		reads.Store(0)
 		w0, _ := sink.count()
-		for range 100 {
-			e.append(t, 1)
-			time.Sleep(20 * time.Millisecond)
-		}
-		schematest.Eventually(t, 20*time.Second, "every event delivered", func() bool {
-			_, n := sink.count()
-			return n == 101
-		})
+		e.trickle(t, 100)
+		sink.waitEvents(t, 101)
 		writes, _ := sink.count()
 		writes -= w0
 		// Reads that found nothing (a stalled writer) are not counted.

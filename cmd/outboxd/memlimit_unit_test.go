@@ -39,4 +39,9 @@ func TestRelayMemoryLimitRefusesBareNumbersAndTinyLimits(t *testing.T) {
 	if _, _, _, err := parseRelayFlags([]string{"--memory-limit", "512"}); err == nil || !strings.Contains(err.Error(), "memory-limit") {
 		t.Fatalf("outboxd relay --memory-limit 512: %v, want refused naming the flag", err)
 	}
+	// A page of no bytes would leave auto at 32 MiB while pages took the
+	// 4 MiB default.
+	if _, _, _, err := parseRelayFlags([]string{"--batch-bytes", "0"}); err == nil || !strings.HasPrefix(err.Error(), "batch-bytes: ") {
+		t.Fatalf("outboxd relay --batch-bytes 0: %v, want refused naming the flag", err)
+	}
 }
