@@ -26,6 +26,17 @@ type Config struct {
 
 	MinPollInterval time.Duration // first wait after an empty poll; default 2ms
 	MaxPollInterval time.Duration // longest idle wait; default 100ms
+	// QuietAfter and QuietPollInterval let a stream that has read no
+	// event for QuietAfter poll less often: up to QuietPollInterval
+	// apart (or its own MaxPollInterval, if longer). Each poll is a round
+	// trip whose wake-ups cost both processes more CPU than the query, so
+	// an idle relay's cost is its polls; in exchange the first event after
+	// a quiet spell waits up to QuietPollInterval (a NOTIFY wake-up, see
+	// Wakeup, still reads at once). Defaults 10s and 2.5 x
+	// MaxPollInterval; a QuietPollInterval at or below MaxPollInterval
+	// keeps every idle wait at MaxPollInterval.
+	QuietAfter        time.Duration
+	QuietPollInterval time.Duration
 
 	// Linger is how long a page that arrived at a low rate may wait for
 	// more events before it goes to the sink (from its reading, or from
@@ -65,6 +76,7 @@ type Config struct {
 	Logger *slog.Logger
 
 	afterRead func(*position, int) // tests only: see export_test.go
+	afterPoll func(events int)     // tests only: see export_test.go
 }
 
 func (c *Config) setDefaults() {
@@ -95,6 +107,8 @@ func (c *Config) setDefaults() {
 	defInt(&c.LingerDocs, 27)
 	def(&c.MinPollInterval, 2*time.Millisecond)
 	def(&c.MaxPollInterval, 100*time.Millisecond)
+	def(&c.QuietAfter, 10*time.Second)
+	def(&c.QuietPollInterval, c.MaxPollInterval*5/2)
 	def(&c.BackoffBase, 100*time.Millisecond)
 	def(&c.BackoffMax, 30*time.Second)
 	def(&c.LeaseInterval, time.Second)

@@ -31,3 +31,8 @@ func CountReads(c *Config, n *atomic.Int64) {
 		}
 	}
 }
+
+// ObservePolls calls f with the number of events of every successful read
+// of the read loop (a linger's reads aside), empty polls included, as the
+// read returns.
+func ObservePolls(c *Config, f func(events int)) { c.afterPoll = f }

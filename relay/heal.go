@@ -118,8 +118,9 @@ func (r *Relay) joinWithRetry(ctx context.Context, m *membership) error {
 	}
 }
 
-// heartbeat checks that the session holding the stream's lock is alive.
-// An idle leader sends nothing else on it, so without this it would call
+// heartbeat checks that the session holding the stream's lock is alive,
+// when no read has lately found the lock held by it (see lockCheck): an
+// idle leader sends nothing else on it, so without either it would call
 // itself leader long after a restart gave its lock to nobody (or to a
 // standby). It outlives shutdown's cancellation: a ping cut short would
 // close the session that must still store the final position.
@@ -141,8 +142,9 @@ func (w *streamWriter) heartbeat(ctx context.Context) error {
 
 const heartbeatTimeout = 2 * time.Second
 
-// heartbeatInterval pings the lock's session twice per lease interval, so
-// a lost lock is noticed within one interval.
+// heartbeatInterval is how often a leader that stored nothing meanwhile
+// checks its lock (twice per lease interval), so a lost lock is noticed
+// within one interval.
 func (c *Config) heartbeatInterval() time.Duration { return c.LeaseInterval / 2 }
 
 // retryWait is how long contend waits before its next attempt: one lease

@@ -94,6 +94,36 @@ func TestRelayHeals(t *testing.T) {
 		}
 	})
 
+	t.Run("an idle leader's reads vouch for its lock: its session is sent nothing", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		cfg := e.config(newRecordingSink())
+		cfg.LeaseInterval = 200 * time.Millisecond // a ping every 100 ms without the check
+		stop := start(t, cfg)
+		defer stop()
+		schematest.Eventually(t, 10*time.Second, "the relay leads", func() bool { return e.leaderPID(t, "default") != 0 })
+		pid := e.leaderPID(t, "default")
+		// Any statement on the session, a ping included, moves its
+		// state_change; the first ones (progress load) are over after a
+		// few intervals.
+		lastStatement := func() time.Time {
+			var at time.Time
+			if err := e.pool.QueryRow(context.Background(), `SELECT state_change FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&at); err != nil {
+				t.Fatal(err)
+			}
+			return at
+		}
+		time.Sleep(500 * time.Millisecond)
+		before := lastStatement()
+		time.Sleep(time.Second)
+		if after := lastStatement(); !after.Equal(before) {
+			t.Fatalf("the idle leader's session ran a statement %s after %s: it was pinged", after.Format(time.StampMicro), before.Format(time.StampMicro))
+		}
+		if e.leaderPID(t, "default") != pid {
+			t.Fatal("the stream changed leader")
+		}
+	})
+
 	t.Run("a leader whose session dies while events flow resumes from the stored position without exiting", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)

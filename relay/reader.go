@@ -131,6 +131,9 @@ type reader struct {
 	// afterRead, set by tests only (Config.afterRead), sees the position
 	// after each successful read.
 	afterRead func(*position, int)
+	// lock, when set, is checked by reads now and then on the leader's
+	// behalf (see lockCheck).
+	lock *lockCheck
 }
 
 // limit is the page query's LIMIT: maxDocs, or fewer when the events seen
@@ -272,10 +275,18 @@ func (r *reader) next(ctx context.Context) (page, error) {
 	}
 	defer conn.Release()
 	sql, args := r.pageSQL(r.pos, r.pos.batch)
-	br := conn.SendBatch(ctx, pageBatch(sql, args))
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN READ ONLY`)
+	check := r.lock.queueIfDue(b)
+	queuePage(b, sql, args)
+	b.Queue(`COMMIT`)
+	br := conn.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil { // BEGIN
 		return page{}, fmt.Errorf("relay: read events: %w", err)
+	}
+	if err := check(br); err != nil {
+		return page{}, fmt.Errorf("relay: check the stream's lock: %w", err)
 	}
 	return r.finishPage(br, r.pos)
 }
@@ -352,6 +363,7 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
 	b.Queue(`SELECT pg_current_snapshot()::text`)
+	check := r.lock.queueIfDue(b)
 	queuePage(b, sql, args)
 	b.Queue(`COMMIT`)
 	br := conn.SendBatch(ctx, b)
@@ -362,6 +374,9 @@ func (r *reader) nextBatch(ctx context.Context) (page, error) {
 	var text string
 	if err := br.QueryRow().Scan(&text); err != nil {
 		return page{}, fmt.Errorf("relay: take snapshot: %w", err)
+	}
+	if err := check(br); err != nil {
+		return page{}, fmt.Errorf("relay: check the stream's lock: %w", err)
 	}
 	snap, err := ParseSnapshot(text)
 	if err != nil {

@@ -7,8 +7,9 @@ import (
 )
 
 // readLoop reads pages ahead of the writer. It polls tightly while events
-// keep coming and backs off to MaxPollInterval when idle; read errors are
-// retried with backoff (the writer simply waits).
+// keep coming and backs off to MaxPollInterval when idle, and to
+// QuietPollInterval once quiet; read errors are retried with backoff (the
+// writer simply waits).
 func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page) {
 	defer close(out)
 	cfg := w.r.cfg
@@ -18,10 +19,8 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 	failures := 0
 	last := rd.pos
 	backlog := false // the last page was full: a backlog is being read
-	idle := cfg.MaxPollInterval
-	if w.stream.MaxPollInterval > 0 {
-		idle = w.stream.MaxPollInterval
-	}
+	idle, quiet := cfg.idleWait(w.stream), cfg.quietWait(w.stream)
+	lastEvents := time.Now() // of the last page with events, or the start
 	// trickle is when the last page of a trickle was handed on, zero
 	// otherwise. A read right after it would find an event or two and
 	// linger on them; the stream waits instead until the rate says
@@ -64,6 +63,9 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 			continue
 		}
 		failures = 0
+		if cfg.afterPoll != nil {
+			cfg.afterPoll(len(p.events))
+		}
 		if len(p.events) == 0 {
 			if !p.pos.equal(last) {
 				last = p.pos
@@ -73,13 +75,14 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 					return
 				}
 			}
-			wait = min(max(wait*2, cfg.MinPollInterval), idle)
+			wait = nextWait(wait, cfg.MinPollInterval, idle, quiet, time.Since(lastEvents) >= cfg.QuietAfter)
 			if !sleepOrWake(ctx, wait, wake) {
 				return
 			}
 			continue
 		}
 		wait = 0
+		lastEvents = time.Now()
 		trickling := false
 		if !backlog {
 			p, trickling = w.linger(ctx, rd, p, began, counted)
@@ -101,6 +104,30 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 			trickle = handed
 		}
 	}
+}
+
+// idleWait is stream s's longest wait between polls when idle, quietWait
+// once it is quiet (Config.QuietAfter).
+func (c *Config) idleWait(s Stream) time.Duration {
+	if s.MaxPollInterval > 0 {
+		return s.MaxPollInterval
+	}
+	return c.MaxPollInterval
+}
+
+func (c *Config) quietWait(s Stream) time.Duration {
+	return max(c.idleWait(s), c.QuietPollInterval)
+}
+
+// nextWait is the wait after an empty poll that followed a wait of prev:
+// doubling from min up to idle, or up to quiet once the stream is quiet
+// (it read no event for Config.QuietAfter).
+func nextWait(prev, first, idle, quiet time.Duration, quieted bool) time.Duration {
+	limit := idle
+	if quieted {
+		limit = quiet
+	}
+	return min(max(prev*2, first), limit)
 }
 
 // fillTime is how long LingerDocs events, or a page of maxDocs if that

@@ -54,7 +54,14 @@ func (w *streamWriter) run(ctx context.Context) error {
 	if w.stream.MaxBatchBytes > 0 {
 		maxBytes = w.stream.MaxBatchBytes
 	}
-	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: maxBytes, pos: w.acked, ledFrom: w.acked.done.Xmax, afterRead: cfg.afterRead}
+	lock, err := newLockCheck(ctx, w.conn, streamKey(cfg.Schema, name), cfg.heartbeatInterval())
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return &SessionLostError{Stream: name, Err: err}
+	}
+	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: maxBytes, pos: w.acked, ledFrom: w.acked.done.Xmax, afterRead: cfg.afterRead, lock: lock}
 	readCtx, stopReading := context.WithCancel(ctx)
 	defer stopReading()
 	pages := make(chan page, cfg.Prefetch)
@@ -76,6 +83,11 @@ func (w *streamWriter) run(ctx context.Context) error {
 	defer flushTimer.Stop()
 	var flushAt time.Time // when the armed timer fires; zero when disarmed
 	beat := time.NewTicker(cfg.heartbeatInterval())
+	// A check vouches for the session for a heartbeat interval, or for as
+	// long as this stream may wait between polls when quiet (the unrouted
+	// message stream polls once a second): a stream that reads seldom
+	// notices a lost lock later rather than ping between its reads.
+	vouchFor := max(cfg.heartbeatInterval(), cfg.quietWait(w.stream)+cfg.heartbeatInterval()/2)
 	defer beat.Stop()
 
 	// Up to InFlight pages are at the sink at once (versions make their
@@ -121,6 +133,14 @@ func (w *streamWriter) run(ctx context.Context) error {
 		case <-beat.C:
 			if time.Since(w.stored) < cfg.heartbeatInterval() {
 				continue // a store on the session just showed it alive
+			}
+			held, lost := lock.seen(time.Now(), vouchFor)
+			if lost {
+				w.r.log.Warn("relay: the stream's lock is no longer held by its session; giving up leadership", "stream", name)
+				return &SessionLostError{Stream: name, Err: errLockNotHeld}
+			}
+			if held {
+				continue // a read just found the lock held by the session
 			}
 			if err := w.heartbeat(ctx); err != nil {
 				return err

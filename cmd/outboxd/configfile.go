@@ -86,6 +86,8 @@ type filePages struct {
 	LingerDocs    setting `yaml:"linger_docs" flag:"linger-docs"`
 	MinPoll       setting `yaml:"min_poll" flag:"min-poll"`
 	MaxPoll       setting `yaml:"max_poll" flag:"max-poll"`
+	QuietAfter    setting `yaml:"quiet_after" flag:"quiet-after"`
+	QuietPoll     setting `yaml:"quiet_poll" flag:"quiet-poll"`
 	Wakeup        setting `yaml:"wakeup" flag:"wakeup"`
 	StoreInterval setting `yaml:"store_interval" flag:"store-interval"`
 }

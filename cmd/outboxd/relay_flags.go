@@ -31,6 +31,7 @@ type relayFlags struct {
 	maxAttempts             int
 	backoffBase, backoffMax time.Duration
 	minPoll, maxPoll        time.Duration
+	quietAfter, quietPoll   time.Duration
 	linger                  time.Duration
 	lingerDocs              int
 	memoryLimit             string
@@ -116,6 +117,8 @@ func newRelayFlagSet(name, usage string) (*flag.FlagSet, *dbFlags, *esFlags, *re
 	fs.DurationVar(&f.backoffMax, "backoff-max", 30*time.Second, "longest retry delay")
 	fs.DurationVar(&f.minPoll, "min-poll", 2*time.Millisecond, "first wait after an empty poll")
 	fs.DurationVar(&f.maxPoll, "max-poll", 100*time.Millisecond, "longest wait between polls when idle")
+	fs.DurationVar(&f.quietAfter, "quiet-after", 10*time.Second, "a stream that has read no event for this long polls at most every --quiet-poll")
+	fs.DurationVar(&f.quietPoll, "quiet-poll", 250*time.Millisecond, "longest wait between polls once a stream is quiet (--quiet-after): the first event after a quiet spell waits up to this long, unless --wakeup; at or below --max-poll, polls stay at --max-poll")
 	fs.DurationVar(&f.linger, "linger", 60*time.Millisecond, "how long a page read at a low rate may wait for more events before it goes to Elasticsearch, so a trickle makes fewer, larger bulk requests; a backlog never waits; 0 disables")
 	fs.IntVar(&f.lingerDocs, "linger-docs", 27, "a lingering page goes at once when it holds this many events")
 	fs.BoolVar(&f.wakeup, "wakeup", false, "also wake on NOTIFY from the outbox (enable with SELECT <schema>.enable_wakeup()); adds a NOTIFY per writing transaction")

@@ -62,7 +62,7 @@ func newRelay(ctx context.Context, pool *pgxpool.Pool, schemaName string, client
 	return relay.New(relay.Config{
 		Pool: pool, Schema: schemaName, Sink: docs, Streams: append(streams, hooks...),
 		MaxBatchDocs: f.batchDocs, MaxBatchBytes: f.batchBytes, Prefetch: f.prefetch, InFlight: f.inFlight,
-		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll, Linger: lingerOf(f.linger), LingerDocs: f.lingerDocs,
+		MinPollInterval: f.minPoll, MaxPollInterval: f.maxPoll, QuietAfter: f.quietAfter, QuietPollInterval: f.quietPoll, Linger: lingerOf(f.linger), LingerDocs: f.lingerDocs,
 		MaxAttempts: f.maxAttempts, BackoffBase: f.backoffBase, BackoffMax: f.backoffMax,
 		LeaseInterval: f.lease, ShutdownTimeout: f.shutdown, Wakeup: f.wakeup, StoreInterval: f.storeInterval,
 		Registerer: reg, Logger: log,

@@ -195,7 +195,7 @@ func (b *bench) idleScenario(ctx context.Context) error {
 	}
 	defer w.close()
 	p := w.p
-	time.Sleep(2 * time.Second)
+	time.Sleep(b.cfg.idleSettle)
 
 	meter := newCPUMeter(p.pid(), b.pool)
 	meter.begin(ctx)
@@ -221,8 +221,8 @@ func (b *bench) idleScenario(ctx context.Context) error {
 	}
 	pctOf := func(d time.Duration) float64 { return 100 * d.Seconds() / window.Seconds() }
 	total := pctOf(relayCPU + pgCPU)
-	b.rep.key("idle: %s with nothing to deliver: relay %.0f ms (%.2f%%) + PostgreSQL %.0f ms (%.2f%%, %d backends) = %.2f%% of one core; %d requests to Elasticsearch (load avg %s)",
-		window.Round(time.Second), float64(relayCPU)/1e6, pctOf(relayCPU), float64(pgCPU)/1e6, pctOf(pgCPU), nb, total,
+	b.rep.key("idle: %s with nothing to deliver, from %s after the last event: relay %.0f ms (%.2f%%) + PostgreSQL %.0f ms (%.2f%%, %d backends) = %.2f%% of one core; %d requests to Elasticsearch (load avg %s)",
+		window.Round(time.Second), b.cfg.idleSettle, float64(relayCPU)/1e6, pctOf(relayCPU), float64(pgCPU)/1e6, pctOf(pgCPU), nb, total,
 		proxy.requests.Load()-requests0, loadAvg())
 	b.rep.goal(total <= 1, "idle CPU (relay + its PostgreSQL backends) <= 1%% of one core: %.2f%%", total)
 	return nil

@@ -65,6 +65,7 @@ type config struct {
 	lowWorkers   int
 	highWorkers  int
 	idleDuration time.Duration
+	idleSettle   time.Duration
 
 	memN        int
 	memDocKB    int
@@ -144,6 +145,7 @@ func parseConfig(args []string) (*config, error) {
 	num(&c.lowWorkers, "lowrate-workers", 8, "lowrate: producer connections, one event per transaction")
 	num(&c.highWorkers, "lowrate-high-workers", 24, "lowrate, memory: producer connections for rates above 1,000/s (8 commit about 2,000 single-event transactions/s here)")
 	dur(&c.idleDuration, "idle-duration", 20*time.Second, "idle: measured time with no events (the recorded run: 60s)")
+	dur(&c.idleSettle, "idle-settle", 12*time.Second, "idle: time without events before the measure starts (the relay's --quiet-after, 10s, and 2s): an idle relay is measured as it runs for hours, not in the seconds after its last event")
 	num(&c.memN, "memory-n", 20_000, "memory: backlog of large documents drained by an outboxd relay (the recorded run: 1000000)")
 	num(&c.memDocKB, "memory-doc-kb", 10, "memory: document size in the backlog and the sustained phase, KB")
 	num(&c.memRate, "memory-rate", 2000, "memory: events/s of the sustained phase")

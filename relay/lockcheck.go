@@ -1,0 +1,108 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// lockCheck lets a stream's reads vouch for its leadership. A leader whose
+// session stores nothing (an idle stream) used to ping that session twice
+// per lease interval to learn that it still holds the stream's lock: with
+// two streams, four round trips a second, a third of an idle relay's
+// CPU. The read loop polls anyway, so its poll asks instead, in the same
+// pipeline and without a round trip of its own, whether the lock is held
+// by the leader's session: that backend pid, on the server started at the
+// same time (after a failover or a restart, the server the pool reaches is
+// another one, whose pids say nothing of this session).
+//
+// That is the property the ping stood for: another relay can lead only
+// once the server has released the lock. A session the server still
+// holds while the network to it is gone keeps the lock, and nobody else
+// leads; its next store fails and the leader gives the stream up then.
+// When the reads stop (a paused sink, a failing read), the leader pings
+// as before.
+type lockCheck struct {
+	key     int64     // the stream's lock
+	pid     uint32    // the leader session's backend
+	started time.Time // pg_postmaster_start_time() of the leader session's server
+	every   time.Duration
+
+	mu   sync.Mutex
+	at   time.Time // when the last answered check was sent; zero before
+	held bool
+}
+
+// errLockNotHeld is the cause of a SessionLostError raised by a check that
+// found the stream's lock held by another session, or by none.
+var errLockNotHeld = errors.New("the stream's lock is not held by this leader's session")
+
+func newLockCheck(ctx context.Context, conn *pgx.Conn, key int64, every time.Duration) (*lockCheck, error) {
+	c := &lockCheck{key: key, pid: conn.PgConn().PID(), every: every}
+	if err := conn.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&c.started); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// due says whether the next read should carry a check: four per every
+// (the heartbeat interval), so that reads a quiet interval apart still
+// leave the leader an answer younger than every at each heartbeat.
+func (c *lockCheck) due(now time.Time) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return now.Sub(c.at) >= c.every/4
+}
+
+// queueIfDue adds the check to a read's pipeline when one is due, and
+// returns what reads its answer, in the pipeline's order (a no-op when
+// none was queued).
+func (c *lockCheck) queueIfDue(b *pgx.Batch) func(pgx.BatchResults) error {
+	sent := time.Now()
+	if !c.due(sent) {
+		return func(pgx.BatchResults) error { return nil }
+	}
+	b.Queue(`SELECT coalesce(bool_or(l.pid = $1), false) AND pg_postmaster_start_time() = $2
+		FROM pg_locks l WHERE l.mode = 'ExclusiveLock' AND `+lockWhere("l", "$3::bigint"),
+		int32(c.pid), c.started, c.key)
+	return func(br pgx.BatchResults) error { return c.read(br, sent) }
+}
+
+// read takes the check's answer from the pipeline; sent is when the read
+// was sent, the time the answer speaks for.
+func (c *lockCheck) read(br pgx.BatchResults, sent time.Time) error {
+	var held bool
+	if err := br.QueryRow().Scan(&held); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sent.After(c.at) {
+		c.at, c.held = sent, held
+	}
+	return nil
+}
+
+// seen reports what the newest check said: lost once a check found the
+// lock not held by the session; held when one found it held within the
+// last `within`; neither when no check is that recent.
+func (c *lockCheck) seen(now time.Time, within time.Duration) (held, lost bool) {
+	if c == nil {
+		return false, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() {
+		return false, false
+	}
+	if !c.held {
+		return false, true
+	}
+	return now.Sub(c.at) < within, false
+}
