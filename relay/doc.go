@@ -95,14 +95,13 @@
 // progress. If the leader dies its session ends, PostgreSQL releases the
 // lock, and a standby polling every Config.LeaseInterval takes over from
 // the stored position. A leader whose session is gone cannot store
-// progress, so two relays never both advance a stream. Twice per
-// LeaseInterval a leader that stored nothing meanwhile learns whether the
+// progress, so two relays never both advance a stream. A leader that
+// stores nothing learns at least twice per LeaseInterval whether the
 // server still holds the lock for that session: its reads ask, in their
-// own round trip, which backend holds it (on which server), and it pings
-// the session only when no read answered lately. So even an idle leader
-// stops calling itself leader within one interval of losing it (the
-// unrouted message stream, which polls once a second, within its poll
-// interval and half a lease interval). Streams partition
+// own round trip, which backend holds it (on which server), an answer of
+// "not held" ends the leadership at once, and it pings the session only
+// when no read answered within half an interval. So even an idle leader
+// stops calling itself leader within one interval of losing it. Streams partition
 // the outbox by 1024 hash buckets of source_id (Partitions).
 // Streams also split the outbox by index name (Stream.Indexes and
 // Stream.Exclude, with "prefix*" entries), each with its own Sink if it

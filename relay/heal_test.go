@@ -98,7 +98,7 @@ func TestRelayHeals(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		cfg := e.config(newRecordingSink())
-		cfg.LeaseInterval = 200 * time.Millisecond // a ping every 100 ms without the check
+		cfg.LeaseInterval = time.Second // a ping every 500 ms without the check
 		stop := start(t, cfg)
 		defer stop()
 		schematest.Eventually(t, 10*time.Second, "the relay leads", func() bool { return e.leaderPID(t, "default") != 0 })
@@ -113,9 +113,9 @@ func TestRelayHeals(t *testing.T) {
 			}
 			return at
 		}
-		time.Sleep(500 * time.Millisecond)
-		before := lastStatement()
 		time.Sleep(time.Second)
+		before := lastStatement()
+		time.Sleep(2500 * time.Millisecond)
 		if after := lastStatement(); !after.Equal(before) {
 			t.Fatalf("the idle leader's session ran a statement %s after %s: it was pinged", after.Format(time.StampMicro), before.Format(time.StampMicro))
 		}

@@ -24,16 +24,22 @@ import (
 // holds while the network to it is gone keeps the lock, and nobody else
 // leads; its next store fails and the leader gives the stream up then.
 // When the reads stop (a paused sink, a failing read), the leader pings
-// as before.
+// as before. A check runs only while the leader stores nothing (a store
+// shows the session alive; pg_locks copies the server's whole lock
+// table, which a busy stream should not ask for), and an answer of "not
+// held" ends the leadership at once (lost), before the read's page is
+// handed on.
 type lockCheck struct {
 	key     int64     // the stream's lock
-	pid     uint32    // the leader session's backend
+	pid     int32     // pg_backend_pid() of the leader session (a proxy's cancel key may differ)
 	started time.Time // pg_postmaster_start_time() of the leader session's server
 	every   time.Duration
+	lost    chan struct{} // closed by the first answer of "not held"
 
-	mu   sync.Mutex
-	at   time.Time // when the last answered check was sent; zero before
-	held bool
+	mu     sync.Mutex
+	at     time.Time // when the last answered check was sent; zero before
+	held   bool
+	stored time.Time // the leader's last progress store
 }
 
 // errLockNotHeld is the cause of a SessionLostError raised by a check that
@@ -41,23 +47,45 @@ type lockCheck struct {
 var errLockNotHeld = errors.New("the stream's lock is not held by this leader's session")
 
 func newLockCheck(ctx context.Context, conn *pgx.Conn, key int64, every time.Duration) (*lockCheck, error) {
-	c := &lockCheck{key: key, pid: conn.PgConn().PID(), every: every}
-	if err := conn.QueryRow(ctx, `SELECT pg_postmaster_start_time()`).Scan(&c.started); err != nil {
+	c := &lockCheck{key: key, every: every, lost: make(chan struct{}), stored: time.Now()}
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid(), pg_postmaster_start_time()`).Scan(&c.pid, &c.started); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// due says whether the next read should carry a check: four per every
-// (the heartbeat interval), so that reads a quiet interval apart still
-// leave the leader an answer younger than every at each heartbeat.
+// due says whether the next read should carry a check: when the leader
+// has not stored for half an interval (every, the heartbeat interval), at
+// most four times per interval, so that reads a quiet interval apart
+// still leave the leader an answer younger than every at each heartbeat.
 func (c *lockCheck) due(now time.Time) bool {
 	if c == nil {
 		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return now.Sub(c.at) >= c.every/4
+	return now.Sub(c.stored) >= c.every/2 && now.Sub(c.at) >= c.every/4
+}
+
+// noteStore tells the check that the leader stored progress on its
+// session at t.
+func (c *lockCheck) noteStore(t time.Time) {
+	c.mu.Lock()
+	c.stored = t
+	c.mu.Unlock()
+}
+
+// isLost says whether a check found the lock not held by the session.
+func (c *lockCheck) isLost() bool {
+	if c == nil {
+		return false
+	}
+	select {
+	case <-c.lost:
+		return true
+	default:
+		return false
+	}
 }
 
 // queueIfDue adds the check to a read's pipeline when one is due, and
@@ -70,7 +98,7 @@ func (c *lockCheck) queueIfDue(b *pgx.Batch) func(pgx.BatchResults) error {
 	}
 	b.Queue(`SELECT coalesce(bool_or(l.pid = $1), false) AND pg_postmaster_start_time() = $2
 		FROM pg_locks l WHERE l.mode = 'ExclusiveLock' AND `+lockWhere("l", "$3::bigint"),
-		int32(c.pid), c.started, c.key)
+		c.pid, c.started, c.key)
 	return func(br pgx.BatchResults) error { return c.read(br, sent) }
 }
 
@@ -85,6 +113,9 @@ func (c *lockCheck) read(br pgx.BatchResults, sent time.Time) error {
 	defer c.mu.Unlock()
 	if sent.After(c.at) {
 		c.at, c.held = sent, held
+	}
+	if !held && !c.isLost() {
+		close(c.lost)
 	}
 	return nil
 }

@@ -39,6 +39,11 @@ func TestLockCheckSeen(t *testing.T) {
 	if c.due(now) {
 		t.Fatal("a check 100ms old is not due again at every/4 = 125ms")
 	}
+	c.noteStore(now.Add(-200 * time.Millisecond))
+	if c.due(now) {
+		t.Fatal("a check is not due within half an interval of a store")
+	}
+	c.noteStore(time.Time{})
 	if held, lost := c.seen(now, 500*time.Millisecond); !held || lost {
 		t.Fatal("a fresh check that found the lock held vouches for it")
 	}

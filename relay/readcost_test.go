@@ -232,3 +232,13 @@ func explainPage(t *testing.T, pool *pgxpool.Pool, r *reader, from position) str
 	}
 	return strings.Join(lines, "\n")
 }
+
+// pageBatch is a page read within a batch as the reader sends it (without
+// a lock check): one read-only transaction, sent as one pipeline.
+func pageBatch(sql string, args []any) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN READ ONLY`)
+	queuePage(b, sql, args)
+	b.Queue(`COMMIT`)
+	return b
+}

@@ -308,16 +308,6 @@ func queuePage(b *pgx.Batch, sql string, args []any) {
 	b.Queue(sql, args...)
 }
 
-// pageBatch is a page read within a batch: one read-only transaction, sent
-// as one pipeline.
-func pageBatch(sql string, args []any) *pgx.Batch {
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN READ ONLY`)
-	queuePage(b, sql, args)
-	b.Queue(`COMMIT`)
-	return b
-}
-
 // finishPage reads what queuePage and COMMIT answer: the setting, the
 // page's rows from `from`, and COMMIT. The page counts as read, and the
 // reader's position moves, only with COMMIT's answer and the end of the

@@ -34,6 +34,7 @@ type streamWriter struct {
 	pendingDead  []deadLetter
 
 	lingerRate float64 // events per second seen by the last linger; the read loop's own
+	lock       *lockCheck
 }
 
 func (w *streamWriter) run(ctx context.Context) error {
@@ -61,6 +62,7 @@ func (w *streamWriter) run(ctx context.Context) error {
 		}
 		return &SessionLostError{Stream: name, Err: err}
 	}
+	w.lock = lock
 	rd := &reader{pool: cfg.Pool, schema: w.r.schema, stream: w.stream, maxDocs: cfg.MaxBatchDocs, maxBytes: maxBytes, pos: w.acked, ledFrom: w.acked.done.Xmax, afterRead: cfg.afterRead, lock: lock}
 	readCtx, stopReading := context.WithCancel(ctx)
 	defer stopReading()
@@ -83,11 +85,6 @@ func (w *streamWriter) run(ctx context.Context) error {
 	defer flushTimer.Stop()
 	var flushAt time.Time // when the armed timer fires; zero when disarmed
 	beat := time.NewTicker(cfg.heartbeatInterval())
-	// A check vouches for the session for a heartbeat interval, or for as
-	// long as this stream may wait between polls when quiet (the unrouted
-	// message stream polls once a second): a stream that reads seldom
-	// notices a lost lock later rather than ping between its reads.
-	vouchFor := max(cfg.heartbeatInterval(), cfg.quietWait(w.stream)+cfg.heartbeatInterval()/2)
 	defer beat.Stop()
 
 	// Up to InFlight pages are at the sink at once (versions make their
@@ -134,17 +131,18 @@ func (w *streamWriter) run(ctx context.Context) error {
 			if time.Since(w.stored) < cfg.heartbeatInterval() {
 				continue // a store on the session just showed it alive
 			}
-			held, lost := lock.seen(time.Now(), vouchFor)
-			if lost {
-				w.r.log.Warn("relay: the stream's lock is no longer held by its session; giving up leadership", "stream", name)
-				return &SessionLostError{Stream: name, Err: errLockNotHeld}
-			}
-			if held {
+			// A check vouches for the session for one heartbeat interval:
+			// a stream that polls less often (the unrouted message
+			// stream, once a second) pings in between.
+			if held, _ := lock.seen(time.Now(), cfg.heartbeatInterval()); held {
 				continue // a read just found the lock held by the session
 			}
 			if err := w.heartbeat(ctx); err != nil {
 				return err
 			}
+		case <-lock.lost:
+			w.r.log.Warn("relay: the stream's lock is no longer held by its session; giving up leadership", "stream", name)
+			return &SessionLostError{Stream: name, Err: errLockNotHeld}
 		case <-balance.C:
 			if w.r.yieldExtra(ctx, w.member, name) {
 				w.r.log.Info("relay: handing stream to another relay for balance", "stream", name)
@@ -268,6 +266,7 @@ func (w *streamWriter) store(ctx context.Context, pos position, acked int, dead 
 		return err
 	}
 	w.acked, w.pending, w.stored = pos, nil, time.Now()
+	w.lock.noteStore(w.stored)
 	w.readAtStore = w.r.eventsRead.Load()
 	w.r.metrics.ackedEvents.WithLabelValues(w.stream.Name).Add(float64(acked))
 	w.r.metrics.progressXID.WithLabelValues(w.stream.Name).Set(float64(pos.done.Xmax))
