@@ -100,6 +100,12 @@ func (w *streamWriter) run(ctx context.Context) error {
 		}
 	}()
 	for {
+		if lock.isLost() {
+			// Before any page read ahead goes to the sink, which a
+			// select among ready cases might otherwise pick first.
+			w.r.log.Warn("relay: the stream's lock is no longer held by its session; giving up leadership", "stream", name)
+			return &SessionLostError{Stream: name, Err: errLockNotHeld}
+		}
 		var head chan struct{}
 		if len(queue) > 0 {
 			head = queue[0].done
@@ -141,8 +147,7 @@ func (w *streamWriter) run(ctx context.Context) error {
 				return err
 			}
 		case <-lock.lost:
-			w.r.log.Warn("relay: the stream's lock is no longer held by its session; giving up leadership", "stream", name)
-			return &SessionLostError{Stream: name, Err: errLockNotHeld}
+			continue // the top of the loop gives the stream up
 		case <-balance.C:
 			if w.r.yieldExtra(ctx, w.member, name) {
 				w.r.log.Info("relay: handing stream to another relay for balance", "stream", name)
