@@ -100,7 +100,9 @@
 // server still holds the lock for that session: its reads ask, in their
 // own round trip, which backend holds it (on which server), an answer of
 // "not held" ends the leadership at once, and it pings the session only
-// when no read answered within half an interval. So even an idle leader
+// when no read answered within half an interval, or every ten intervals
+// (a connection the network swallows while its backend lives passes every
+// check; only a ping times out on it). So even an idle leader
 // stops calling itself leader within one interval of losing it. Streams partition
 // the outbox by 1024 hash buckets of source_id (Partitions).
 // Streams also split the outbox by index name (Stream.Indexes and

@@ -142,6 +142,12 @@ func (w *streamWriter) heartbeat(ctx context.Context) error {
 
 const heartbeatTimeout = 2 * time.Second
 
+// slowPings is how many heartbeat intervals an idle leader whose reads
+// vouch for its lock goes without pinging its session: 10 s at the default
+// lease, so a connection lost without a word (its backend alive) is
+// noticed within about 12 s, at a fifth of a round trip a second.
+const slowPings = 20
+
 // heartbeatInterval is how often a leader that stored nothing meanwhile
 // checks its lock (twice per lease interval), so a lost lock is noticed
 // within one interval.

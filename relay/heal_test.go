@@ -124,6 +124,27 @@ func TestRelayHeals(t *testing.T) {
 		}
 	})
 
+	t.Run("an idle leader still pings its session now and then, so a connection the network swallows times out", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t)
+		cfg := e.config(newRecordingSink()) // a 100 ms lease: a ping at least every second
+		stop := start(t, cfg)
+		defer stop()
+		schematest.Eventually(t, 10*time.Second, "the relay leads", func() bool { return e.leaderPID(t, "default") != 0 })
+		pid := e.leaderPID(t, "default")
+		var first time.Time
+		if err := e.pool.QueryRow(context.Background(), `SELECT state_change FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&first); err != nil {
+			t.Fatal(err)
+		}
+		schematest.Eventually(t, 5*time.Second, "the idle leader's session runs a statement", func() bool {
+			var at time.Time
+			if err := e.pool.QueryRow(context.Background(), `SELECT state_change FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&at); err != nil {
+				t.Fatal(err)
+			}
+			return at.After(first)
+		})
+	})
+
 	t.Run("a leader whose session dies while events flow resumes from the stored position without exiting", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)

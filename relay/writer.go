@@ -85,6 +85,7 @@ func (w *streamWriter) run(ctx context.Context) error {
 	defer flushTimer.Stop()
 	var flushAt time.Time // when the armed timer fires; zero when disarmed
 	beat := time.NewTicker(cfg.heartbeatInterval())
+	var pinged time.Time // the last heartbeat's answer
 	defer beat.Stop()
 
 	// Up to InFlight pages are at the sink at once (versions make their
@@ -139,13 +140,18 @@ func (w *streamWriter) run(ctx context.Context) error {
 			}
 			// A check vouches for the session for one heartbeat interval:
 			// a stream that polls less often (the unrouted message
-			// stream, once a second) pings in between.
-			if held, _ := lock.seen(time.Now(), cfg.heartbeatInterval()); held {
+			// stream, once a second) pings in between. It says nothing of
+			// the connection, though: one the network swallows while its
+			// backend lives keeps the lock and passes every check, and
+			// only a ping, slowPings apart, sees it time out.
+			held, _ := lock.seen(time.Now(), cfg.heartbeatInterval())
+			if held && time.Since(later(w.stored, pinged)) < slowPings*cfg.heartbeatInterval() {
 				continue // a read just found the lock held by the session
 			}
 			if err := w.heartbeat(ctx); err != nil {
 				return err
 			}
+			pinged = time.Now()
 		case <-lock.lost:
 			continue // the top of the loop gives the stream up
 		case <-balance.C:
@@ -290,4 +296,11 @@ func (w *streamWriter) sink() Sink {
 		return w.stream.Sink
 	}
 	return w.r.cfg.Sink
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
