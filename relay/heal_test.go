@@ -98,7 +98,10 @@ func TestRelayHeals(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
 		cfg := e.config(newRecordingSink())
-		cfg.LeaseInterval = time.Second // a ping every 500 ms without the check
+		// A ping every 2 s without the check; a check every 500 ms while
+		// the leader stores nothing, so only a read loop stalled for
+		// 1.5 s would let a ping through.
+		cfg.LeaseInterval = 4 * time.Second
 		stop := start(t, cfg)
 		defer stop()
 		schematest.Eventually(t, 10*time.Second, "the relay leads", func() bool { return e.leaderPID(t, "default") != 0 })

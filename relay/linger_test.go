@@ -159,10 +159,7 @@ func TestRelayLinger(t *testing.T) {
 		cfg.Streams = []relay.Stream{{Name: "no-linger", BucketHi: 1023, NoLinger: true}}
 		start(t, cfg)
 		e.append(t, 1)
-		schematest.Eventually(t, 10*time.Second, "the event delivered well before the minute's linger", func() bool {
-			_, n := sink.count()
-			return n == 1
-		})
+		sink.waitEvents(t, 1) // well before the minute's linger
 	})
 
 	t.Run("a page that reaches LingerDocs goes at once", func(t *testing.T) {
@@ -174,10 +171,7 @@ func TestRelayLinger(t *testing.T) {
 		cfg.LingerDocs = 50
 		start(t, cfg)
 		e.appendMany(t, 60)
-		schematest.Eventually(t, 10*time.Second, "60 events delivered well before the minute's linger", func() bool {
-			_, n := sink.count()
-			return n == 60
-		})
+		sink.waitEvents(t, 60) // well before the minute's linger
 	})
 
 	t.Run("a backlog is not held back", func(t *testing.T) {
@@ -192,10 +186,7 @@ func TestRelayLinger(t *testing.T) {
 		start(t, cfg)
 		// Two full pages, then the batch's last 500: read right after a
 		// full page, they are the end of a backlog, not a trickle.
-		schematest.Eventually(t, 20*time.Second, "the backlog delivered well before the minute's linger", func() bool {
-			_, n := sink.count()
-			return n == 2500
-		})
+		sink.waitEvents(t, 2500) // well before the minute's linger
 	})
 
 	t.Run("shutdown during a linger is prompt and loses nothing", func(t *testing.T) {

@@ -27,8 +27,8 @@ import (
 // as before. A check runs only while the leader stores nothing (a store
 // shows the session alive; pg_locks copies the server's whole lock
 // table, which a busy stream should not ask for), and an answer of "not
-// held" ends the leadership at once (lost), before the read's page is
-// handed on.
+// held" ends the leadership at once (lost): the writer takes no page
+// after it.
 type lockCheck struct {
 	key     int64     // the stream's lock
 	pid     int32     // pg_backend_pid() of the leader session (a proxy's cancel key may differ)
@@ -120,20 +120,13 @@ func (c *lockCheck) read(br pgx.BatchResults, sent time.Time) error {
 	return nil
 }
 
-// seen reports what the newest check said: lost once a check found the
-// lock not held by the session; held when one found it held within the
-// last `within`; neither when no check is that recent.
-func (c *lockCheck) seen(now time.Time, within time.Duration) (held, lost bool) {
+// vouches says whether a check found the lock held by the session within
+// the last `within` (a "not held" answer closes lost instead).
+func (c *lockCheck) vouches(now time.Time, within time.Duration) bool {
 	if c == nil {
-		return false, false
+		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.at.IsZero() {
-		return false, false
-	}
-	if !c.held {
-		return false, true
-	}
-	return now.Sub(c.at) < within, false
+	return c.held && now.Sub(c.at) < within
 }

@@ -26,10 +26,24 @@ func TestNextWait(t *testing.T) {
 	}
 }
 
-func TestLockCheckSeen(t *testing.T) {
+func TestQuietWait(t *testing.T) {
+	c := &Config{MaxPollInterval: 100 * time.Millisecond, QuietPollInterval: 250 * time.Millisecond}
+	if got := c.quietWait(Stream{}); got != 250*time.Millisecond {
+		t.Errorf("quietWait = %s, want QuietPollInterval", got)
+	}
+	if got := c.quietWait(Stream{MaxPollInterval: time.Second}); got != time.Second {
+		t.Errorf("quietWait of a stream polling once a second = %s, want its own interval", got)
+	}
+	c.QuietPollInterval = 50 * time.Millisecond
+	if got := c.quietWait(Stream{}); got != 100*time.Millisecond {
+		t.Errorf("quietWait with QuietPollInterval under MaxPollInterval = %s, want MaxPollInterval", got)
+	}
+}
+
+func TestLockCheckVouches(t *testing.T) {
 	now := time.Now()
 	c := &lockCheck{every: 500 * time.Millisecond}
-	if held, lost := c.seen(now, time.Second); held || lost {
+	if c.vouches(now, time.Second) {
 		t.Fatal("no check yet must vouch for nothing")
 	}
 	if !c.due(now) {
@@ -44,14 +58,14 @@ func TestLockCheckSeen(t *testing.T) {
 		t.Fatal("a check is not due within half an interval of a store")
 	}
 	c.noteStore(time.Time{})
-	if held, lost := c.seen(now, 500*time.Millisecond); !held || lost {
+	if !c.vouches(now, 500*time.Millisecond) {
 		t.Fatal("a fresh check that found the lock held vouches for it")
 	}
-	if held, lost := c.seen(now.Add(time.Second), 500*time.Millisecond); held || lost {
+	if c.vouches(now.Add(time.Second), 500*time.Millisecond) {
 		t.Fatal("an old check vouches for nothing: the leader pings")
 	}
 	c.held = false
-	if _, lost := c.seen(now.Add(time.Hour), 500*time.Millisecond); !lost {
-		t.Fatal("a check that found the lock not held means the lock is lost, however old")
+	if c.vouches(now, 500*time.Millisecond) {
+		t.Fatal("a fresh check that found the lock not held vouches for nothing")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/relay"
-	"github.com/outboxd/outboxd/schema/schematest"
 )
 
 func TestRelayQuietPolls(t *testing.T) {
@@ -19,7 +18,7 @@ func TestRelayQuietPolls(t *testing.T) {
 		cfg := e.config(sink)
 		cfg.MaxPollInterval = 10 * time.Millisecond
 		cfg.QuietAfter = 600 * time.Millisecond
-		cfg.QuietPollInterval = 150 * time.Millisecond
+		cfg.QuietPollInterval = 400 * time.Millisecond
 		cfg.Linger = -1
 		type read struct {
 			at     time.Time
@@ -34,9 +33,9 @@ func TestRelayQuietPolls(t *testing.T) {
 		})
 		stop := start(t, cfg)
 		defer stop()
-		time.Sleep(2500 * time.Millisecond)
-		ids := e.append(t, 1)
-		schematest.Eventually(t, 10*time.Second, "the event is delivered", func() bool { _, ok := sink.arrived(ids[0]); return ok })
+		time.Sleep(4500 * time.Millisecond)
+		e.append(t, 1)
+		sink.waitEvents(t, 1)
 		time.Sleep(cfg.QuietAfter + 100*time.Millisecond)
 		if err := stop(); err != nil {
 			t.Fatal(err)

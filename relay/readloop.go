@@ -62,12 +62,6 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 			}
 			continue
 		}
-		if rd.lock.isLost() {
-			// The writer gives the stream up (lockCheck.lost); nothing
-			// read under a lock this leader no longer holds goes on.
-			<-ctx.Done()
-			return
-		}
 		failures = 0
 		if cfg.afterPoll != nil {
 			cfg.afterPoll(len(p.events))
@@ -96,10 +90,6 @@ func (w *streamWriter) readLoop(ctx context.Context, rd *reader, out chan<- page
 		backlog = p.pos.batch != nil
 		if backlog {
 			w.lingerRate = 0 // a backlog says nothing about the next trickle's rate
-		}
-		if rd.lock.isLost() {
-			<-ctx.Done() // as above: a linger's read found the lock gone
-			return
 		}
 		last = p.pos
 		// Taken before the hand-over: a writer that took long to accept

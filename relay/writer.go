@@ -85,7 +85,7 @@ func (w *streamWriter) run(ctx context.Context) error {
 	defer flushTimer.Stop()
 	var flushAt time.Time // when the armed timer fires; zero when disarmed
 	beat := time.NewTicker(cfg.heartbeatInterval())
-	var pinged time.Time // the last heartbeat's answer
+	pinged := time.Now() // the last heartbeat's answer, or the start
 	defer beat.Stop()
 
 	// Up to InFlight pages are at the sink at once (versions make their
@@ -144,8 +144,8 @@ func (w *streamWriter) run(ctx context.Context) error {
 			// the connection, though: one the network swallows while its
 			// backend lives keeps the lock and passes every check, and
 			// only a ping, slowPings apart, sees it time out.
-			held, _ := lock.seen(time.Now(), cfg.heartbeatInterval())
-			if held && time.Since(later(w.stored, pinged)) < slowPings*cfg.heartbeatInterval() {
+			slow := slowPings * cfg.heartbeatInterval()
+			if lock.vouches(time.Now(), cfg.heartbeatInterval()) && (time.Since(w.stored) < slow || time.Since(pinged) < slow) {
 				continue // a read just found the lock held by the session
 			}
 			if err := w.heartbeat(ctx); err != nil {
@@ -169,6 +169,11 @@ func (w *streamWriter) run(ctx context.Context) error {
 				return err
 			}
 		case p, ok := <-in:
+			if lock.isLost() {
+				// Read after the lock was found gone (or ready together
+				// with lost): dropped; the top of the loop gives up.
+				continue
+			}
 			if !ok {
 				return w.drain(context.WithoutCancel(ctx), queue)
 			}
@@ -296,11 +301,4 @@ func (w *streamWriter) sink() Sink {
 		return w.stream.Sink
 	}
 	return w.r.cfg.Sink
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
