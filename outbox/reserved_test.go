@@ -66,3 +66,23 @@ func TestOutboxRefusesReservedFields(t *testing.T) {
 		}
 	})
 }
+
+// ReservedField finds the reserved fields however the document places
+// them, and passes what merely looks like them.
+func TestReservedField(t *testing.T) {
+	t.Parallel()
+	for doc, want := range map[string]string{
+		`{"outboxd_deleted":true}`:                        "outboxd_deleted",
+		`{"a":"x","outboxd_deleted_at":"2026-12-05"}`:     "outboxd_deleted_at",
+		`{"xx":"xoutboxd","x":1,"outboxd_deleted":1}`:     "outboxd_deleted",
+		`{"outboxd_\u0064eleted":true}`:                   "outboxd_deleted",
+		`{"box":"x x x outboxd outboxd_delete","n":"\n"}`: "",
+		`{"meta":{"outboxd_deleted":true}}`:               "",
+		`{"body":"lorem ipsum dolor sit amet"}`:           "",
+		`{"é":"\u00e9"}`:                                  "",
+	} {
+		if got := outbox.ReservedField(json.RawMessage(doc)); got != want {
+			t.Errorf("ReservedField(%s) = %q, want %q", doc, got, want)
+		}
+	}
+}
