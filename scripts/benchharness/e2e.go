@@ -37,6 +37,20 @@ func (b *bench) e2eScenario(ctx context.Context) error {
 	}
 	n := cfg.e2eN
 
+	// An untimed raw load first: the first load after Elasticsearch
+	// started, or after a pause, ran at half the rate of the next (its JIT
+	// and caches warming up), and it would otherwise be the relay's.
+	warm := b.newIndexName()
+	if err := indexer.Bootstrap(ctx, b.es, warm, nil); err != nil {
+		return err
+	}
+	warmTook, err := rawLoad(ctx, b.es, indexer.FirstIndex(warm), min(n, 100_000), cfg.bulkDocs, cfg.bulkWorkers)
+	if err != nil {
+		return err
+	}
+	b.rep.line("warm-up (not part of any ratio): raw _bulk loader, %d docs in %.2fs", min(n, 100_000), warmTook.Seconds())
+	b.deleteIndices(ctx, warm)
+
 	// Rounds of the three loads, one after the other, so that each ratio
 	// compares neighbours in time; the medians are the verdict.
 	var ratios, handRatios []float64
