@@ -318,15 +318,18 @@ func selfCPU() time.Duration {
 }
 
 // e2eRound loads n events and measures the relay into the real sink, the
-// hand-written loader on the same rows and the raw loader, in that order.
+// hand-written loader on the same rows and the raw loader. The order
+// turns with the round (relay, hand-written, raw; then hand-written, raw,
+// relay; ...), so that over three rounds each load runs once in each
+// place: right after the backlog's load and checkpoint, where a first
+// reader also sets the rows' hint bits, or right after another load's
+// index was deleted, each of which slowed whatever came next.
 func (b *bench) e2eRound(ctx context.Context, n, round int) (rel, hand, raw time.Duration, err error) {
 	cfg := b.cfg
 	label := ""
 	if cfg.e2eRounds > 1 {
 		label = fmt.Sprintf(" [round %d of %d]", round, cfg.e2eRounds)
 	}
-
-	// The relay.
 	name := b.newIndexName()
 	s, err := b.newSchema(ctx)
 	if err != nil {
@@ -336,71 +339,86 @@ func (b *bench) e2eRound(ctx context.Context, n, round int) (rel, hand, raw time
 	if _, err := loadBacklog(ctx, b.pool, s, name, 1, int64(n), cfg.loadTx, cfg.loadWorkers); err != nil {
 		return 0, 0, 0, err
 	}
-	// Created before the clock starts, as the loaders' indexes are; the
-	// sink would otherwise create it within the relay's time.
-	if err := indexer.Bootstrap(ctx, b.es, name, nil); err != nil {
-		return 0, 0, 0, err
-	}
-	sink, err := indexer.NewSink(indexer.Options{Client: b.es, MaxBatchDocs: cfg.bulkDocs, Workers: cfg.bulkWorkers, JSONB: true})
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	stopProfile := func() {}
-	if cfg.profileDir != "" {
-		f, err := os.Create(filepath.Join(cfg.profileDir, fmt.Sprintf("e2e-%d-%d.pprof", n, round)))
+
+	relayStep := func() error {
+		// Created before the clock starts, as the loaders' indexes are;
+		// the sink would otherwise create it within the relay's time.
+		if err := indexer.Bootstrap(ctx, b.es, name, nil); err != nil {
+			return err
+		}
+		sink, err := indexer.NewSink(indexer.Options{Client: b.es, MaxBatchDocs: cfg.bulkDocs, Workers: cfg.bulkWorkers, JSONB: true})
 		if err != nil {
+			return err
+		}
+		stopProfile := func() {}
+		if cfg.profileDir != "" {
+			f, err := os.Create(filepath.Join(cfg.profileDir, fmt.Sprintf("e2e-%d-%d.pprof", n, round)))
+			if err != nil {
+				return err
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+				return err
+			}
+			stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+		}
+		cpu0 := selfCPU()
+		rel, err = b.drainInto(ctx, s, sink, n, cfg.e2ePageDocs)
+		stopProfile()
+		if err != nil {
+			return err
+		}
+		b.rep.line("relay + sink CPU in this process: %.1f µs/doc", float64(selfCPU()-cpu0)/1e3/float64(n))
+		if err := b.checkCount(ctx, indexer.ReadAlias(name), n); err != nil {
+			return err
+		}
+		b.rep.key("e2e%s: outbox -> relay -> Elasticsearch (versioned, page %d, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
+			label, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, rel.Seconds(), rate(float64(n)/rel.Seconds()), loadAvg())
+		b.deleteIndices(ctx, name)
+		return nil
+	}
+
+	handStep := func() error {
+		handIndex := b.newIndexName()
+		if err := indexer.Bootstrap(ctx, b.es, handIndex, nil); err != nil {
+			return err
+		}
+		hand, err = handLoad(ctx, b.pool, b.es, s, indexer.FirstIndex(handIndex), n, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers)
+		if err != nil {
+			return fmt.Errorf("hand-written loader: %w", err)
+		}
+		if err := b.checkCount(ctx, handIndex, n); err != nil {
+			return err
+		}
+		b.rep.key("e2e%s: hand-written loader (pgx keyset pages of %d from the outbox table, unversioned index actions, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
+			label, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, hand.Seconds(), rate(float64(n)/hand.Seconds()), loadAvg())
+		b.deleteIndices(ctx, handIndex)
+		return nil
+	}
+
+	rawStep := func() error {
+		rawIndex := b.newIndexName()
+		if err := indexer.Bootstrap(ctx, b.es, rawIndex, nil); err != nil {
+			return err
+		}
+		raw, err = rawLoad(ctx, b.es, indexer.FirstIndex(rawIndex), n, cfg.bulkDocs, cfg.bulkWorkers)
+		if err != nil {
+			return err
+		}
+		if err := b.checkCount(ctx, rawIndex, n); err != nil {
+			return err
+		}
+		b.rep.key("e2e%s: raw _bulk loader (unversioned index actions, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
+			label, cfg.bulkDocs, cfg.bulkWorkers, n, raw.Seconds(), rate(float64(n)/raw.Seconds()), loadAvg())
+		b.deleteIndices(ctx, rawIndex)
+		return nil
+	}
+
+	steps := []func() error{relayStep, handStep, rawStep}
+	for i := range steps {
+		if err := steps[(i+round-1)%len(steps)](); err != nil {
 			return 0, 0, 0, err
 		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return 0, 0, 0, err
-		}
-		stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
 	}
-	cpu0 := selfCPU()
-	rel, err = b.drainInto(ctx, s, sink, n, cfg.e2ePageDocs)
-	stopProfile()
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	b.rep.line("relay + sink CPU in this process: %.1f µs/doc", float64(selfCPU()-cpu0)/1e3/float64(n))
-	if err := b.checkCount(ctx, indexer.ReadAlias(name), n); err != nil {
-		return 0, 0, 0, err
-	}
-	b.rep.key("e2e%s: outbox -> relay -> Elasticsearch (versioned, page %d, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
-		label, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, rel.Seconds(), rate(float64(n)/rel.Seconds()), loadAvg())
-	b.deleteIndices(ctx, name)
-
-	// The hand-written loader, on the same rows.
-	handIndex := b.newIndexName()
-	if err := indexer.Bootstrap(ctx, b.es, handIndex, nil); err != nil {
-		return 0, 0, 0, err
-	}
-	hand, err = handLoad(ctx, b.pool, b.es, s, indexer.FirstIndex(handIndex), n, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers)
-	if err != nil {
-		return 0, 0, 0, fmt.Errorf("hand-written loader: %w", err)
-	}
-	if err := b.checkCount(ctx, handIndex, n); err != nil {
-		return 0, 0, 0, err
-	}
-	b.rep.key("e2e%s: hand-written loader (pgx keyset pages of %d from the outbox table, unversioned index actions, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
-		label, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, hand.Seconds(), rate(float64(n)/hand.Seconds()), loadAvg())
-	b.deleteIndices(ctx, handIndex)
-
-	// The raw loader.
-	rawIndex := b.newIndexName()
-	if err := indexer.Bootstrap(ctx, b.es, rawIndex, nil); err != nil {
-		return 0, 0, 0, err
-	}
-	raw, err = rawLoad(ctx, b.es, indexer.FirstIndex(rawIndex), n, cfg.bulkDocs, cfg.bulkWorkers)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	if err := b.checkCount(ctx, rawIndex, n); err != nil {
-		return 0, 0, 0, err
-	}
-	b.rep.key("e2e%s: raw _bulk loader (unversioned index actions, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
-		label, cfg.bulkDocs, cfg.bulkWorkers, n, raw.Seconds(), rate(float64(n)/raw.Seconds()), loadAvg())
-	b.deleteIndices(ctx, rawIndex)
 	return rel, hand, raw, nil
 }
