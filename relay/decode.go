@@ -16,9 +16,11 @@ import (
 // in this process, and with fewer allocations: a page's documents and
 // headers share a few large buffers, and its index names, ops and event
 // types (the same few strings in every row) are allocated once per page.
-// It decodes only the formats it was built for; any other row (a
-// timestamp of ±infinity, a format the server chose otherwise) goes to
-// rows.Scan, which knows them all.
+// It decodes only the formats it was built for, with pgx's own codecs
+// for the types; any other row (a timestamp of ±infinity, a format the
+// server chose otherwise, a pool whose type map has codecs of its own,
+// such as a timestamptz ScanLocation) goes to rows.Scan, which knows them
+// all.
 type rowDecoder struct {
 	ok bool // the columns are as expected: the fast path applies
 
@@ -44,12 +46,23 @@ var decoderColumns = [...]struct {
 	{pgtype.TimestamptzOID, pgtype.BinaryFormatCode}, // created_at
 }
 
-func newRowDecoder(fields []pgconn.FieldDescription) *rowDecoder {
+// defaultTypes is pgx's type map as it comes: a connection whose map
+// gives another Type for an OID was configured to scan it otherwise.
+var defaultTypes = pgtype.NewMap()
+
+func newRowDecoder(fields []pgconn.FieldDescription, types *pgtype.Map) *rowDecoder {
 	d := &rowDecoder{ok: len(fields) == len(decoderColumns)}
 	for i := 0; d.ok && i < len(fields); i++ {
-		d.ok = fields[i].DataTypeOID == decoderColumns[i].oid && fields[i].Format == decoderColumns[i].format
+		c := decoderColumns[i]
+		d.ok = fields[i].DataTypeOID == c.oid && fields[i].Format == c.format && sameType(types, defaultTypes, c.oid)
 	}
 	return d
+}
+
+func sameType(a, b *pgtype.Map, oid uint32) bool {
+	ta, ok := a.TypeForOID(oid)
+	tb, _ := b.TypeForOID(oid)
+	return ok && ta == tb
 }
 
 // decode fills e from one row's raw values and reports whether it could;
@@ -99,16 +112,30 @@ func shared(prev string, b []byte) string {
 	return string(b)
 }
 
+// Shared buffers double from sharedMin to sharedMax; a value larger than
+// ownAbove gets an allocation of its own. A buffer's unused tail is at
+// most one value that did not fit, so what a page holds stays within
+// ownAbove/sharedMax (6%) of what its byte cap counts, and a trickle's
+// page of one small event does not hold 64 KB.
+const (
+	sharedMin = 1 << 10
+	sharedMax = 64 << 10
+	ownAbove  = 4 << 10
+)
+
 // copyBytes copies b (nil for SQL NULL) into the page's buffers, capped
 // so that an append to one event's bytes cannot reach the next's.
 func (d *rowDecoder) copyBytes(b []byte) []byte {
 	if b == nil {
 		return nil
 	}
+	if len(b) > ownAbove {
+		return append(make([]byte, 0, len(b)), b...)
+	}
 	if len(b) > cap(d.buf)-len(d.buf) {
 		// A new buffer; the old one stays alive through the events that
-		// point into it. Large documents get one of their own.
-		d.buf = make([]byte, 0, max(64<<10, len(b)))
+		// point into it.
+		d.buf = make([]byte, 0, min(sharedMax, max(2*cap(d.buf), sharedMin, len(b))))
 	}
 	start := len(d.buf)
 	d.buf = append(d.buf, b...)
@@ -126,6 +153,7 @@ func pgTime(b []byte) (time.Time, bool) {
 	if us == math.MaxInt64 || us == math.MinInt64 {
 		return time.Time{}, false
 	}
-	t := us + pgEpoch
-	return time.Unix(t/1_000_000, (t%1_000_000)*1000), true
+	// Seconds and microseconds apart, as pgx does: us + pgEpoch overflows
+	// for the last 300 years PostgreSQL's timestamps reach (294276 AD).
+	return time.Unix(pgEpoch/1_000_000+us/1_000_000, (us%1_000_000)*1000), true
 }

@@ -410,7 +410,7 @@ func (r *reader) collect(rows pgx.Rows, from position) (page, error) {
 	var p page
 	full := false
 	limit := r.limit()
-	dec := newRowDecoder(rows.FieldDescriptions())
+	dec := newRowDecoder(rows.FieldDescriptions(), rows.Conn().TypeMap())
 	for rows.Next() {
 		if p.events == nil {
 			// Allocated on the first row (idle polls find none), as large
