@@ -321,9 +321,10 @@ func selfCPU() time.Duration {
 // hand-written loader on the same rows and the raw loader. The order
 // turns with the round (relay, hand-written, raw; then hand-written, raw,
 // relay; ...), so that over three rounds each load runs once in each
-// place: right after the backlog's load and checkpoint, where a first
-// reader also sets the rows' hint bits, or right after another load's
-// index was deleted, each of which slowed whatever came next.
+// place: right after the backlog's load and checkpoint (the first reader
+// of the rows also sets their hint bits), or right after another load's
+// index was deleted. With the relay always first, its rate fell from
+// round to round (111k, 95k, 91k docs/s at 1M) while the loaders' held.
 func (b *bench) e2eRound(ctx context.Context, n, round int) (rel, hand, raw time.Duration, err error) {
 	cfg := b.cfg
 	label := ""
