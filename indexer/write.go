@@ -191,7 +191,7 @@ type docKey struct{ index, id string }
 func dedupe(events []outbox.Event, pending []int) (winners, winnerOf []int) {
 	slot := make(map[docKey]int, len(pending)) // document -> index into best
 	best := make([]int, 0, len(pending))       // each document's winner so far
-	owner := make([]int, len(pending))         // pending[i]'s index into best
+	winnerOf = make([]int, len(pending))       // first pending[i]'s index into best, then its winner
 	for i, p := range pending {
 		k := docKey{events[p].IndexName, events[p].SourceID}
 		j, ok := slot[k]
@@ -202,14 +202,12 @@ func dedupe(events []outbox.Event, pending []int) (winners, winnerOf []int) {
 		} else if events[p].Version >= events[best[j]].Version {
 			best[j] = p
 		}
-		owner[i] = j
+		winnerOf[i] = j
 	}
-	winnerOf = owner // reused in place: owner[i] is read before it is overwritten
 	winners = make([]int, 0, len(best))
 	for i, p := range pending {
-		w := best[owner[i]]
-		winnerOf[i] = w
-		if w == p {
+		winnerOf[i] = best[winnerOf[i]]
+		if winnerOf[i] == p {
 			winners = append(winners, p)
 		}
 	}

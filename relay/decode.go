@@ -72,14 +72,15 @@ func (d *rowDecoder) decode(vals [][]byte, e *outbox.Event) bool {
 	if !d.ok || len(vals) != len(decoderColumns) {
 		return false
 	}
-	// NOT NULL columns (coalesce makes event_type one); document and
-	// headers may be NULL.
-	for _, i := range [...]int{0, 1, 2, 3, 4, 5, 7, 9, 10} {
-		if vals[i] == nil {
+	// The binary columns are 8 bytes (a NULL has none); the text columns
+	// but document and headers are NOT NULL (coalesce makes event_type
+	// one).
+	for _, i := range [...]int{0, 1, 4, 9, 10} {
+		if len(vals[i]) != 8 {
 			return false
 		}
 	}
-	if len(vals[0]) != 8 || len(vals[1]) != 8 || len(vals[4]) != 8 || len(vals[9]) != 8 || len(vals[10]) != 8 {
+	if vals[2] == nil || vals[3] == nil || vals[5] == nil || vals[7] == nil {
 		return false
 	}
 	occurred, ok1 := pgTime(vals[9])
@@ -130,7 +131,7 @@ func (d *rowDecoder) copyBytes(b []byte) []byte {
 		return nil
 	}
 	if len(b) > ownAbove {
-		return append(make([]byte, 0, len(b)), b...)
+		return append(make([]byte, 0, len(b)), b...) // exact, where bytes.Clone rounds cap up
 	}
 	if len(b) > cap(d.buf)-len(d.buf) {
 		// A new buffer; the old one stays alive through the events that

@@ -364,7 +364,7 @@ func (b *bench) e2eRound(ctx context.Context, n, round int) (rel, hand, raw time
 			stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
 		}
 		cpu0 := selfCPU()
-		rel, err = b.drainInto(ctx, s, sink, n, cfg.e2ePageDocs)
+		took, err := b.drainInto(ctx, s, sink, n, cfg.e2ePageDocs)
 		stopProfile()
 		if err != nil {
 			return err
@@ -373,47 +373,46 @@ func (b *bench) e2eRound(ctx context.Context, n, round int) (rel, hand, raw time
 		if err := b.checkCount(ctx, indexer.ReadAlias(name), n); err != nil {
 			return err
 		}
+		rel = took
 		b.rep.key("e2e%s: outbox -> relay -> Elasticsearch (versioned, page %d, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
-			label, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, rel.Seconds(), rate(float64(n)/rel.Seconds()), loadAvg())
+			label, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, took.Seconds(), rate(float64(n)/took.Seconds()), loadAvg())
 		b.deleteIndices(ctx, name)
 		return nil
 	}
 
-	handStep := func() error {
-		handIndex := b.newIndexName()
-		if err := indexer.Bootstrap(ctx, b.es, handIndex, nil); err != nil {
-			return err
+	// loaderStep measures a baseline loader into a fresh index of its own,
+	// bootstrapped before the clock starts, and sets *took.
+	loaderStep := func(what string, load func(index string) (time.Duration, error), took *time.Duration) func() error {
+		return func() error {
+			index := b.newIndexName()
+			if err := indexer.Bootstrap(ctx, b.es, index, nil); err != nil {
+				return err
+			}
+			d, err := load(indexer.FirstIndex(index))
+			if err != nil {
+				return err
+			}
+			if err := b.checkCount(ctx, index, n); err != nil {
+				return err
+			}
+			*took = d
+			b.rep.key("e2e%s: %s: %d docs in %.2fs = %s (load avg %s)", label, what, n, d.Seconds(), rate(float64(n)/d.Seconds()), loadAvg())
+			b.deleteIndices(ctx, index)
+			return nil
 		}
-		hand, err = handLoad(ctx, b.pool, b.es, s, indexer.FirstIndex(handIndex), n, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers)
-		if err != nil {
-			return fmt.Errorf("hand-written loader: %w", err)
-		}
-		if err := b.checkCount(ctx, handIndex, n); err != nil {
-			return err
-		}
-		b.rep.key("e2e%s: hand-written loader (pgx keyset pages of %d from the outbox table, unversioned index actions, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
-			label, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers, n, hand.Seconds(), rate(float64(n)/hand.Seconds()), loadAvg())
-		b.deleteIndices(ctx, handIndex)
-		return nil
 	}
-
-	rawStep := func() error {
-		rawIndex := b.newIndexName()
-		if err := indexer.Bootstrap(ctx, b.es, rawIndex, nil); err != nil {
-			return err
-		}
-		raw, err = rawLoad(ctx, b.es, indexer.FirstIndex(rawIndex), n, cfg.bulkDocs, cfg.bulkWorkers)
+	handStep := loaderStep(fmt.Sprintf("hand-written loader (pgx keyset pages of %d from the outbox table, unversioned index actions, bulk %d x %d in flight)",
+		cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers), func(index string) (time.Duration, error) {
+		d, err := handLoad(ctx, b.pool, b.es, s, index, n, cfg.e2ePageDocs, cfg.bulkDocs, cfg.bulkWorkers)
 		if err != nil {
-			return err
+			return 0, fmt.Errorf("hand-written loader: %w", err)
 		}
-		if err := b.checkCount(ctx, rawIndex, n); err != nil {
-			return err
-		}
-		b.rep.key("e2e%s: raw _bulk loader (unversioned index actions, bulk %d x %d in flight): %d docs in %.2fs = %s (load avg %s)",
-			label, cfg.bulkDocs, cfg.bulkWorkers, n, raw.Seconds(), rate(float64(n)/raw.Seconds()), loadAvg())
-		b.deleteIndices(ctx, rawIndex)
-		return nil
-	}
+		return d, nil
+	}, &hand)
+	rawStep := loaderStep(fmt.Sprintf("raw _bulk loader (unversioned index actions, bulk %d x %d in flight)", cfg.bulkDocs, cfg.bulkWorkers),
+		func(index string) (time.Duration, error) {
+			return rawLoad(ctx, b.es, index, n, cfg.bulkDocs, cfg.bulkWorkers)
+		}, &raw)
 
 	steps := []func() error{relayStep, handStep, rawStep}
 	for i := range steps {
