@@ -20,8 +20,12 @@ import (
 // stop is called (or the test ends).
 func (e *cliEnv) runStreamsRelay(t *testing.T, streams []relay.Stream) (stop func()) {
 	t.Helper()
+	// Positions moved by empty pages (another partition's events) are
+	// stored within 50 ms, not a second or, once quiet, a minute later:
+	// the retention subtests wait for them.
 	r, err := relay.New(relay.Config{Pool: e.pool, Schema: e.schema, Sink: e.sink, Streams: streams,
-		LeaseInterval: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		LeaseInterval: 100 * time.Millisecond, ProgressInterval: 50 * time.Millisecond, QuietProgressInterval: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
