@@ -207,12 +207,27 @@ func TestLargeTransactionIsReadAPageAtATime(t *testing.T) {
 }
 
 // explainPage runs the page query from `from` as the reader sends it (in
-// a transaction, behind the setting that keeps it in index order) under
-// EXPLAIN ANALYZE, and returns the plan.
+// a transaction, behind the settings that keep it in index order, as a
+// prepared statement with the plan the reader's statement gets, the
+// generic one) under EXPLAIN ANALYZE, and returns the plan.
 func explainPage(t *testing.T, pool *pgxpool.Pool, r *reader, from position) string {
 	t.Helper()
+	ctx := context.Background()
 	sql, args := r.pageSQL(from, from.batch)
-	results := pool.SendBatch(context.Background(), pageBatch(`EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) `+sql, args))
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `PREPARE relay_page AS `+sql, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, `DEALLOCATE relay_page`, pgx.QueryExecModeSimpleProtocol)
+	literals := make([]string, len(args))
+	for i, a := range args {
+		literals[i] = sqlLiteral(t, a)
+	}
+	results := conn.SendBatch(ctx, pageBatch(`EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) EXECUTE relay_page(`+strings.Join(literals, ", ")+`)`, nil))
 	defer results.Close()
 	for range 2 {
 		if _, err := results.Exec(); err != nil {
@@ -230,7 +245,37 @@ func explainPage(t *testing.T, pool *pgxpool.Pool, r *reader, from position) str
 	if err := results.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return strings.Join(lines, "\n")
+	plan := strings.Join(lines, "\n")
+	if !strings.Contains(plan, "$2") {
+		t.Fatalf("the page query got a custom plan, not the generic one:\n%s", plan)
+	}
+	return plan
+}
+
+// sqlLiteral writes a page query argument as an untyped SQL literal, which
+// takes the type its parameter's cast gives it.
+func sqlLiteral(t *testing.T, a any) string {
+	t.Helper()
+	switch v := a.(type) {
+	case []uint64:
+		parts := make([]string, len(v))
+		for i, x := range v {
+			parts[i] = strconv.FormatUint(x, 10)
+		}
+		return sqlString("{" + strings.Join(parts, ",") + "}")
+	case []string:
+		parts := make([]string, len(v))
+		for i, x := range v {
+			parts[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(x) + `"`
+		}
+		return sqlString("{" + strings.Join(parts, ",") + "}")
+	case string:
+		return sqlString(v)
+	case uint64, int64, int, int16:
+		return sqlString(fmt.Sprint(v))
+	}
+	t.Fatalf("page query argument of type %T", a)
+	return ""
 }
 
 // pageBatch is a page read within a batch as the reader sends it (without
@@ -241,4 +286,89 @@ func pageBatch(sql string, args []any) *pgx.Batch {
 	queuePage(b, sql, args)
 	b.Queue(`COMMIT`)
 	return b
+}
+
+// The reader's page query is planned once per connection (the generic
+// plan), and that plan is the index scan a poll needs: over 100,000
+// delivered events, a poll that finds 30 new ones touches a few buffers.
+// PostgreSQL planned every read anew (0.2-0.4 ms of server CPU, most of
+// what a poll cost) and switched to its generic plan on its own when that
+// looked cheaper: with the cursor written as id > $3, that plan scanned
+// the primary key from the cursor's id and filtered on xid, the whole
+// table for a poll.
+func TestReadsTakeTheGenericPlan(t *testing.T) {
+	t.Parallel()
+	_, name := schematest.Setup(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(schematest.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // the reader's statements are this connection's
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	id := pgx.Identifier{name}.Sanitize()
+	insert := func(n int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO `+id+`.events (index_name, source_id, version, op, document)
+			SELECT 'docs', 'doc-' || g, 1, 'upsert', '{}' FROM generate_series(1, $1) g`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert(100000)
+	if _, err := pool.Exec(ctx, `ANALYZE `+id+`.events`); err != nil {
+		t.Fatal(err)
+	}
+	var text string
+	if err := pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
+		t.Fatal(err)
+	}
+	done, err := ParseSnapshot(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &reader{pool: pool, schema: id, maxDocs: 4000, maxBytes: 64 << 20,
+		stream: Stream{Name: "docs", BucketHi: 1023}, pos: position{done: done}}
+	t.Run("a poll over delivered events touches a few buffers", func(t *testing.T) {
+		insert(30)
+		plan := explainPage(t, pool, r, r.pos)
+		if strings.Contains(plan, "events_pkey") || !strings.Contains(plan, "actual rows=30 ") {
+			t.Fatalf("a poll's plan does not read the 30 new events by the (xid, id) index:\n%s", plan)
+		}
+		line := regexp.MustCompile(`Buffers: shared [^\n]*`).FindString(plan)
+		touched := 0
+		for _, m := range regexp.MustCompile(`(?:hit|read)=(\d+)`).FindAllStringSubmatch(line, -1) {
+			n, _ := strconv.Atoi(m[1])
+			touched += n
+		}
+		if touched > 30 {
+			t.Fatalf("a poll touched %d buffers:\n%s", touched, plan)
+		}
+	})
+	t.Run("the reader's page statements are never planned per read", func(t *testing.T) {
+		if _, err := r.next(ctx); err != nil { // the events of the first subtest
+			t.Fatal(err)
+		}
+		for range 10 {
+			insert(30)
+			p, err := r.next(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p.events) != 30 {
+				t.Fatalf("read %d events, want 30", len(p.events))
+			}
+		}
+		var statements, custom int
+		if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(custom_plans), 0) FROM pg_prepared_statements
+			WHERE statement LIKE '(SELECT id, xid,%'`).Scan(&statements, &custom); err != nil {
+			t.Fatal(err)
+		}
+		if statements == 0 || custom != 0 {
+			t.Fatalf("%d page statements, %d custom plans; want every read on the generic plan", statements, custom)
+		}
+	})
 }

@@ -229,11 +229,13 @@ func sqlString(s string) string {
 //  2. the late committers after it: in progress in done, visible now;
 //  3. the transactions begun after done and after the cursor's.
 //
-// A single row comparison (xid, id) > cursor reads the same rows, but the
-// index scan started at the first row of the cursor's transaction and
-// stepped over every row read before: one transaction of 1,000,000
-// events cost 14 ms more per page at its middle, and quadratic time in
-// all. Parameters: $1 done's in-progress xids, $2 $3 the cursor, $4 the
+// The first branch says xid = cursor as well as (xid, id) > cursor: the
+// row comparison alone (as the whole query's condition once was) started
+// the index scan at the first row of the cursor's transaction and stepped
+// over every row read before: one transaction of 1,000,000 events cost
+// 14 ms more per page at its middle, and quadratic time in all. And
+// written as id > cursor, the generic plan (see orderedScan) scans the
+// primary key from the cursor's id and filters on xid. Parameters: $1 done's in-progress xids, $2 $3 the cursor, $4 the
 // page size, $5 where the third branch starts, then the stream filter,
 // the batch snapshot and done.
 func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
@@ -255,7 +257,7 @@ func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
 	// executor time for a page of 4,000 small events.
 	events := ` FROM ` + r.schema + `.events`
 	sql := `(SELECT ` + eventColumns + events + `
-    WHERE xid = $2::xid8 AND id > $3::bigint AND NOT pg_visible_in_snapshot(xid, ` + done + `)` + visible + `
+    WHERE (xid, id) > ($2::xid8, $3::bigint) AND xid <= $2::xid8 AND NOT pg_visible_in_snapshot(xid, ` + done + `)` + visible + `
   UNION ALL
   (SELECT ` + eventColumns + events + `
     WHERE xid = ANY($1::xid8[]) AND xid > $2::xid8` + visible + `
@@ -300,14 +302,21 @@ func (r *reader) next(ctx context.Context) (page, error) {
 }
 
 // orderedScan keeps a page query on the (xid, id) index order, which its
-// LIMIT stops after a page's rows. The planner estimates a transaction's
-// rows from statistics taken before it committed: for one transaction of
-// 300,000 events it expected 238 rows, and chose a bitmap scan of every
-// remaining row of the transaction plus a sort, for every page of it. A
-// large transaction then cost time quadratic in its size (137 ms per
-// 8,000-event page at 300,000, against 7 ms in index order). SET LOCAL
-// ends with the read's transaction.
-const orderedScan = `SET LOCAL enable_bitmapscan = off`
+// LIMIT stops after a page's rows, and plans it once per connection. The
+// planner estimates a transaction's rows from statistics taken before it
+// committed: for one transaction of 300,000 events it expected 238 rows,
+// and chose a bitmap scan of every remaining row of the transaction plus a
+// sort, for every page of it. A large transaction then cost time quadratic
+// in its size (137 ms per 8,000-event page at 300,000, against 7 ms in
+// index order). With bitmap and sequential scans off, every branch of the
+// query has one sensible plan, an index scan that its LIMIT stops, whatever
+// the parameters: so the statement takes the generic plan, not a custom
+// plan per read. Planning the three branches cost 0.36-0.40 ms of server
+// CPU per read, ten times the executor's time for an empty or small page:
+// at 500 events/s, most of what a read cost the server. The settings end
+// with the read's transaction.
+const orderedScan = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
+    set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 // queuePage queues a page query behind the setting that keeps it in index
 // order; the caller has queued BEGIN.
