@@ -155,31 +155,36 @@ func (r *reader) limit() int {
 
 const eventColumns = `id, xid, index_name, source_id, version, op, document, coalesce(event_type, ''), headers, occurred_at, created_at`
 
-// filter returns the stream's extra WHERE terms, numbering parameters from next.
-func (r *reader) filter(next int) (string, []any) {
-	var b strings.Builder
-	var args []any
+// filter returns the stream's extra WHERE terms, numbering parameters from
+// next: all of them, and the same without the message index's predicate
+// for the page query's late-committer branch (see pageSQL).
+func (r *reader) filter(next int) (all, late string, args []any) {
+	var head, tail string
 	if r.stream.BucketLo > 0 || r.stream.BucketHi < 1023 {
-		fmt.Fprintf(&b, " AND bucket BETWEEN $%d AND $%d", next, next+1)
+		head = fmt.Sprintf(" AND bucket BETWEEN $%d AND $%d", next, next+1)
 		args = append(args, int16(r.stream.BucketLo), int16(r.stream.BucketHi))
 		next += 2
 	}
+	var messages string
 	if len(r.stream.Indexes) > 0 {
-		b.WriteString(" AND " + indexPredicate(r.stream.Indexes))
+		var p string
+		p, messages = indexPredicate(r.stream.Indexes)
+		head += " AND " + p
 	}
 	if len(r.stream.Exclude) > 0 {
-		fmt.Fprintf(&b, " AND NOT index_name LIKE ANY($%d)", next)
+		tail = fmt.Sprintf(" AND NOT index_name LIKE ANY($%d)", next)
 		args = append(args, likePatterns(r.stream.Exclude))
 	}
-	return b.String(), args
+	return head + messages + tail, head + tail, args
 }
 
 // indexPredicate selects a stream's indexes in a form the planner can
 // match to an index: literals, not parameters (a generic plan cannot tell
-// a rare index name from a common one), equality for exact names, and for
-// a stream of messages only the message index's own predicate, so that the
-// read costs in proportion to the stream's events, not the outbox's.
-func indexPredicate(names []string) string {
+// a rare index name from a common one), and equality for exact names. For
+// a stream of messages it also returns the message index's own predicate,
+// which lets the planner use that index, so that the read costs in
+// proportion to the stream's events, not the outbox's.
+func indexPredicate(names []string) (p, messageIndex string) {
 	exact, messages := true, true
 	quoted := make([]string, len(names))
 	for i, n := range names {
@@ -187,7 +192,6 @@ func indexPredicate(names []string) string {
 		messages = messages && strings.HasPrefix(n, outbox.MessagePrefix)
 		quoted[i] = sqlString(n)
 	}
-	var p string
 	switch {
 	case exact && len(names) == 1:
 		p = "index_name = " + quoted[0]
@@ -202,9 +206,9 @@ func indexPredicate(names []string) string {
 	}
 	if messages {
 		// The predicate of the events_messages index, word for word.
-		p += " AND index_name LIKE '" + outbox.MessagePrefix + "%'"
+		messageIndex = " AND index_name LIKE '" + outbox.MessagePrefix + "%'"
 	}
-	return p
+	return p, messageIndex
 }
 
 // sqlString quotes s as an SQL string literal; one with a backslash (a
@@ -229,17 +233,23 @@ func sqlString(s string) string {
 //  2. the late committers after it: in progress in done, visible now;
 //  3. the transactions begun after done and after the cursor's.
 //
-// The first branch says xid = cursor as well as (xid, id) > cursor: the
-// row comparison alone (as the whole query's condition once was) started
-// the index scan at the first row of the cursor's transaction and stepped
-// over every row read before: one transaction of 1,000,000 events cost
-// 14 ms more per page at its middle, and quadratic time in all. And
-// written as id > cursor, the generic plan (see orderedScan) scans the
-// primary key from the cursor's id and filters on xid. Parameters: $1 done's in-progress xids, $2 $3 the cursor, $4 the
-// page size, $5 where the third branch starts, then the stream filter,
-// the batch snapshot and done.
+// The statement runs on its generic plan (see orderedScan), so each
+// branch is written for the one index scan that suits it whatever the
+// parameters. The first says (xid, id) > cursor AND xid <= cursor: the
+// row comparison is where the scan starts, at the cursor. With xid =
+// cursor beside it the scan started at the first row of the cursor's
+// transaction and stepped over every row read before (one transaction of
+// 1,000,000 events cost 14 ms more per page at its middle, quadratic time
+// in all), and written as id > cursor the generic plan scans the primary
+// key from the cursor's id. The second looks the late committers' xids up
+// in the (xid, id) index, and so goes without the message index's
+// predicate: on the message index, whose first column is the index name,
+// xid = ANY(...) is a filter, and a poll walked every retained message of
+// the destination. Parameters: $1 done's in-progress xids, $2 $3 the
+// cursor, $4 the page size, $5 where the third branch starts, then the
+// stream filter, the batch snapshot and done.
 func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
-	f, fargs := r.filter(6)
+	f, late, fargs := r.filter(6)
 	after := max(from.done.Xmax, from.cursorXID+1)
 	args := append([]any{from.done.Xip, from.cursorXID, from.cursorID, r.limit(), after}, fargs...)
 	upper := "pg_current_snapshot()"
@@ -249,7 +259,8 @@ func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
 	}
 	args = append(args, from.done.String())
 	done := fmt.Sprintf("$%d::pg_snapshot", len(args))
-	visible := ` AND pg_visible_in_snapshot(xid, ` + upper + `)` + f + `
+	visible := ` AND pg_visible_in_snapshot(xid, ` + upper + `)`
+	end := `
     ORDER BY xid, id LIMIT $4)`
 	// Each branch selects the page's columns itself: selecting * into a
 	// subquery and the columns out of it added a subquery scan per branch
@@ -257,13 +268,13 @@ func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
 	// executor time for a page of 4,000 small events.
 	events := ` FROM ` + r.schema + `.events`
 	sql := `(SELECT ` + eventColumns + events + `
-    WHERE (xid, id) > ($2::xid8, $3::bigint) AND xid <= $2::xid8 AND NOT pg_visible_in_snapshot(xid, ` + done + `)` + visible + `
+    WHERE (xid, id) > ($2::xid8, $3::bigint) AND xid <= $2::xid8 AND NOT pg_visible_in_snapshot(xid, ` + done + `)` + visible + f + end + `
   UNION ALL
   (SELECT ` + eventColumns + events + `
-    WHERE xid = ANY($1::xid8[]) AND xid > $2::xid8` + visible + `
+    WHERE xid = ANY($1::xid8[]) AND xid > $2::xid8` + visible + late + end + `
   UNION ALL
   (SELECT ` + eventColumns + events + `
-    WHERE xid >= $5::xid8 AND xid < pg_snapshot_xmax(` + upper + `)` + visible + `
+    WHERE xid >= $5::xid8 AND xid < pg_snapshot_xmax(` + upper + `)` + visible + f + end + `
   ORDER BY xid, id LIMIT $4`
 	return sql, args
 }
@@ -318,20 +329,20 @@ func (r *reader) next(ctx context.Context) (page, error) {
 const orderedScan = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
     set_config('plan_cache_mode', 'force_generic_plan', true)`
 
-// queuePage queues a page query behind the setting that keeps it in index
-// order; the caller has queued BEGIN.
+// queuePage queues a page query behind the settings that keep it on its
+// generic plan in index order; the caller has queued BEGIN.
 func queuePage(b *pgx.Batch, sql string, args []any) {
 	b.Queue(orderedScan)
 	b.Queue(sql, args...)
 }
 
-// finishPage reads what queuePage and COMMIT answer: the setting, the
+// finishPage reads what queuePage and COMMIT answer: the settings, the
 // page's rows from `from`, and COMMIT. The page counts as read, and the
 // reader's position moves, only with COMMIT's answer and the end of the
 // pipeline in hand: until then the connection may still fail, and the
 // caller would drop the page while the position went past it.
 func (r *reader) finishPage(br pgx.BatchResults, from position) (page, error) {
-	if _, err := br.Exec(); err != nil { // the plan setting
+	if _, err := br.Exec(); err != nil { // the plan settings
 		return page{}, fmt.Errorf("relay: read events: %w", err)
 	}
 	rows, err := br.Query()
