@@ -242,10 +242,13 @@ func sqlString(s string) string {
 // 1,000,000 events cost 14 ms more per page at its middle, quadratic time
 // in all), and written as id > cursor the generic plan scans the primary
 // key from the cursor's id. The second looks the late committers' xids up
-// in the (xid, id) index, and so goes without the message index's
-// predicate: on the message index, whose first column is the index name,
-// xid = ANY(...) is a filter, and a poll walked every retained message of
-// the destination. Parameters: $1 done's in-progress xids, $2 $3 the
+// in the (xid, id) index, and only those that have finished: a
+// transaction still in progress is skipped before the scan, which
+// otherwise stepped over every row it had written so far on every poll
+// (19.6 ms and 4,054 buffers a poll beside an open transaction of 200,000
+// events). It goes without the message index's predicate: on that index,
+// whose first column is the index name, xid = ANY(...) is a filter, and a
+// poll walked every retained message of the destination. Parameters: $1 done's in-progress xids, $2 $3 the
 // cursor, $4 the page size, $5 where the third branch starts, then the
 // stream filter, the batch snapshot and done.
 func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
@@ -271,7 +274,7 @@ func (r *reader) pageSQL(from position, batch *Snapshot) (string, []any) {
     WHERE (xid, id) > ($2::xid8, $3::bigint) AND xid <= $2::xid8 AND NOT pg_visible_in_snapshot(xid, ` + done + `)` + visible + f + end + `
   UNION ALL
   (SELECT ` + eventColumns + events + `
-    WHERE xid = ANY($1::xid8[]) AND xid > $2::xid8` + visible + late + end + `
+    WHERE xid = ANY(ARRAY(SELECT x FROM unnest($1::xid8[]) AS x WHERE pg_visible_in_snapshot(x, ` + upper + `))) AND xid > $2::xid8` + visible + late + end + `
   UNION ALL
   (SELECT ` + eventColumns + events + `
     WHERE xid >= $5::xid8 AND xid < pg_snapshot_xmax(` + upper + `)` + visible + f + end + `
