@@ -146,7 +146,15 @@ VALUES ('tutorials', 'tutorials-000001', 'tutorials-000002', 'catching_up', 'x',
 	e.sink.hold()
 	e.append(t, docs("tutorials", 50000, 25, 1, "")...)
 	schematest.Eventually(t, 10*time.Second, "the held backlog shows", func() bool { return e.backlog(t) == 25 })
-	time.Sleep(1500 * time.Millisecond)
+	// The server reuses a backlog count for 50 times the time it took (a
+	// slow count is not run again soon): under load, the count taken
+	// before the append was still served seconds later, and a fixed sleep
+	// read a backlog of 0. Wait until /metrics has the held backlog and
+	// its oldest event is over a second old.
+	schematest.Eventually(t, 70*time.Second, "/metrics shows the held backlog, over a second old", func() bool {
+		m := e.scrape(t)
+		return m.sum("outboxd_backlog_events") == 25 && m.sum("outboxd_oldest_unacked_age_seconds") >= 1
+	})
 
 	dom := headless(t, bin, e.base+"/", "--dump-dom")
 	m := e.scrape(t)
