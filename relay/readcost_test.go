@@ -74,23 +74,29 @@ func TestMessageStreamReadUsesTheMessageIndex(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT pg_current_xact_id()::text::bigint`).Scan(&late); err != nil {
 		t.Fatal(err)
 	}
-	var text string
-	if err := pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
-		t.Fatal(err)
-	}
-	now, err := ParseSnapshot(text)
-	if err != nil {
-		t.Fatal(err)
-	}
+	now := currentSnapshot(t, pool)
 	r := &reader{pool: pool, schema: id, stream: Stream{Name: "webhook-hook", BucketHi: 1023, Indexes: []string{outbox.MessageIndex("hook")}},
 		maxDocs: 8000, maxBytes: 4 << 20}
 	for _, done := range []Snapshot{{Xmin: now.Xmax, Xmax: now.Xmax}, {Xmin: late, Xmax: now.Xmax, Xip: []uint64{late}}} {
-		xip := done.Xip
 		plan := explainPage(t, pool, r, position{done: done})
 		if n := planBuffers(t, plan); n > 30 {
-			t.Errorf("a poll of a destination with 5,000 delivered messages (in progress at done: %v) touched %d buffers:\n%s", xip, n, plan)
+			t.Errorf("a poll of a destination with 5,000 delivered messages (in progress at done: %v) touched %d buffers:\n%s", done.Xip, n, plan)
 		}
 	}
+}
+
+// currentSnapshot is the server's snapshot now.
+func currentSnapshot(t *testing.T, pool *pgxpool.Pool) Snapshot {
+	t.Helper()
+	var text string
+	if err := pool.QueryRow(context.Background(), `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ParseSnapshot(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // planBuffers is the buffers the whole of an EXPLAIN (ANALYZE, BUFFERS)
@@ -133,18 +139,6 @@ func TestLargeTransactionIsReadAPageAtATime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	snapshot := func() Snapshot {
-		t.Helper()
-		var text string
-		if err := pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
-			t.Fatal(err)
-		}
-		s, err := ParseSnapshot(text)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
 	// As in an outbox whose statistics predate its largest transaction
 	// (here: none at all), the planner guesses that transaction's rows.
 	if _, err := pool.Exec(ctx, `ALTER TABLE `+id+`.events SET (autovacuum_enabled = false)`); err != nil {
@@ -153,7 +147,7 @@ func TestLargeTransactionIsReadAPageAtATime(t *testing.T) {
 	for range 20 {
 		insert(ctx, pool, 50)
 	}
-	before := snapshot()
+	before := currentSnapshot(t, pool)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -168,11 +162,11 @@ func TestLargeTransactionIsReadAPageAtATime(t *testing.T) {
 	// A later transaction's commit moves the snapshot's xmax past the
 	// open one, which it then lists as in progress.
 	insert(ctx, pool, 1)
-	during := snapshot()
+	during := currentSnapshot(t, pool)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after := snapshot()
+	after := currentSnapshot(t, pool)
 
 	r := &reader{pool: pool, schema: id, maxDocs: 8000, maxBytes: 64 << 20,
 		stream: Stream{Name: "docs", BucketHi: 1023, Indexes: []string{"docs"}, Exclude: []string{outbox.MessagePrefix + "*"}}}
@@ -370,14 +364,7 @@ func TestReadsTakeTheGenericPlan(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ANALYZE `+id+`.events`); err != nil {
 		t.Fatal(err)
 	}
-	var text string
-	if err := pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
-		t.Fatal(err)
-	}
-	done, err := ParseSnapshot(text)
-	if err != nil {
-		t.Fatal(err)
-	}
+	done := currentSnapshot(t, pool)
 	r := &reader{pool: pool, schema: id, maxDocs: 4000, maxBytes: 64 << 20,
 		stream: Stream{Name: "docs", BucketHi: 1023}, pos: position{done: done}}
 	t.Run("a poll over delivered events touches a few buffers", func(t *testing.T) {
@@ -404,13 +391,7 @@ func TestReadsTakeTheGenericPlan(t *testing.T) {
 			t.Fatal(err)
 		}
 		insert(1) // moves the snapshot's xmax past the open transaction
-		if err := pool.QueryRow(ctx, `SELECT pg_current_snapshot()::text`).Scan(&text); err != nil {
-			t.Fatal(err)
-		}
-		during, err := ParseSnapshot(text)
-		if err != nil {
-			t.Fatal(err)
-		}
+		during := currentSnapshot(t, pool)
 		if len(during.Xip) == 0 {
 			t.Fatal("the open transaction is not in progress in the snapshot")
 		}
