@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,4 +97,12 @@ func exitCode(err error) int {
 		return ee.code
 	}
 	return 1
+}
+
+// withParam appends a query parameter (key=value) to a PostgreSQL URL.
+func withParam(url, param string) string {
+	if strings.Contains(url, "?") {
+		return url + "&" + param
+	}
+	return url + "?" + param
 }

@@ -17,11 +17,7 @@ func TestPoolsRunWithoutJIT(t *testing.T) {
 	type jitCase struct{ name, url, want string }
 	cases := []jitCase{{"the URL as given", url, "off"}}
 	if strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://") {
-		sep := "?"
-		if strings.Contains(url, "?") {
-			sep = "&"
-		}
-		cases = append(cases, jitCase{"the URL with jit=on", url + sep + "jit=on", "on"})
+		cases = append(cases, jitCase{"the URL with jit=on", withParam(url, "jit=on"), "on"})
 	}
 	for _, tc := range cases {
 		f := &dbFlags{url: tc.url, schema: "outbox"}

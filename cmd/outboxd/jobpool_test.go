@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -32,10 +31,6 @@ func TestRelayDeliversWhileEveryJobRuns(t *testing.T) {
 		}
 	})
 	dbURL := schematest.DatabaseURL(t)
-	sep := "?"
-	if strings.Contains(dbURL, "?") {
-		sep = "&"
-	}
 	appendN := func(idx, prefix string, n int) {
 		for from := 0; from < n; from += 1000 {
 			batch := make([]outbox.Event, 0, 1000)
@@ -76,7 +71,7 @@ func TestRelayDeliversWhileEveryJobRuns(t *testing.T) {
 		}
 	}
 	cmd, out := startCommand(t, []string{"relay",
-		"--database-url", dbURL + sep + "pool_max_conns=4", "--schema", e.schema, "--elasticsearch-url", esURL,
+		"--database-url", withParam(dbURL, "pool_max_conns=4"), "--schema", e.schema, "--elasticsearch-url", esURL,
 		"--admin-addr", "", "--lease-interval", "100ms",
 		"--retention", "0s", "--retention-schedule", "@every 1s",
 		// The purge visits every managed index on the shared node: a
