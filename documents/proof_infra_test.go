@@ -138,7 +138,10 @@ func startRelayProcess(t *testing.T, bin, schemaName, esURL string, run int) *re
 	}
 	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", schemaName,
 		"--elasticsearch-url", esURL, "--admin-addr", "", "--lease-interval", "100ms",
-		"--retention-schedule", "", "--tombstone-purge-schedule", "")
+		"--retention-schedule", "", "--tombstone-purge-schedule", "",
+		// Other packages' tests build indexes of the earlier layout on the
+		// shared server on purpose; this relay must not upgrade them.
+		"--upgrade-layouts=false")
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -39,9 +39,14 @@ func countOf(t *testing.T, es *elasticsearch.Client, target, query string) int {
 		t.Fatalf("count %s: %d %s", target, st, b)
 	}
 	var r struct {
-		Count int `json:"count"`
+		Count  int `json:"count"`
+		Shards struct {
+			Failed int `json:"failed"`
+		} `json:"_shards"`
 	}
-	_ = json.Unmarshal(b, &r)
+	if err := json.Unmarshal(b, &r); err != nil || r.Shards.Failed != 0 {
+		t.Fatalf("count %s: %v %s", target, err, b)
+	}
 	return r.Count
 }
 
@@ -138,7 +143,9 @@ func TestLayout(t *testing.T) {
 			es, name := setup(t)
 			oldLayout(t, es, name)
 			if n := countOf(t, es, name, tombstoneQuery); n != 1 {
-				t.Fatalf("old layout: %s shows %d tombstones, want 1", name, n)
+				_, aliases := esCall(t, es, "GET", "/"+FirstIndex(name)+"/_alias", "")
+				_, docs := esCall(t, es, "POST", "/"+FirstIndex(name)+"/_search?version=true", `{"size":10}`)
+				t.Fatalf("old layout: %s shows %d tombstones, want 1; aliases %s; documents %s", name, n, aliases, docs)
 			}
 			before := getDoc(t, es, FirstIndex(name), "a")
 

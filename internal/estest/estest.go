@@ -56,10 +56,18 @@ func Must(t testing.TB, es *elasticsearch.Client, method, path, body string) []b
 	return b
 }
 
-// Refresh makes every write to name visible to searches.
+// Refresh makes every write to name visible to searches. A refresh that
+// failed on a shard still answers 200, so its _shards count is checked:
+// a search after it would otherwise miss writes and blame the code.
 func Refresh(t testing.TB, es *elasticsearch.Client, name string) {
 	t.Helper()
-	if st, b := Call(t, es, "POST", "/"+name+"/_refresh", ""); st != 200 {
+	st, b := Call(t, es, "POST", "/"+name+"/_refresh", "")
+	var r struct {
+		Shards struct {
+			Failed int `json:"failed"`
+		} `json:"_shards"`
+	}
+	if st != 200 || json.Unmarshal(b, &r) != nil || r.Shards.Failed != 0 {
 		t.Fatalf("refresh: %d %s", st, b)
 	}
 }
