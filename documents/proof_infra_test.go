@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxd/outboxd/schema/schematest"
+	"github.com/outboxd/outboxd/internal/tooltest"
 )
 
 // esProxy stands between the relay and Elasticsearch and drives the
@@ -120,28 +120,13 @@ type relayProcess struct {
 	logs *os.File
 }
 
-// buildOutboxd builds the binary the proof runs.
-func buildOutboxd(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "outboxd")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outboxd/cmd/outboxd").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 func startRelayProcess(t *testing.T, bin, schemaName, esURL string, run int) *relayProcess {
 	t.Helper()
 	logs, err := os.Create(filepath.Join(t.TempDir(), fmt.Sprintf("relay-%d.log", run)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", schemaName,
-		"--elasticsearch-url", esURL, "--admin-addr", "", "--lease-interval", "100ms",
-		"--retention-schedule", "", "--tombstone-purge-schedule", "",
-		// Other packages' tests build indexes of the earlier layout on the
-		// shared server on purpose; this relay must not upgrade them.
-		"--upgrade-layouts=false")
+	cmd := tooltest.RelayCommand(t, bin, schemaName, esURL)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -56,7 +56,7 @@ func TestProof(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bin := buildOutboxd(t)
+	bin := tooltest.BuildOutboxd(t)
 
 	// Killed at the 12th bulk request of its first and second runs and at
 	// the 20th of its third, which holds its 6th (and everything sent in

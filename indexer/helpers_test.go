@@ -106,6 +106,7 @@ var (
 	mustWrite   = estest.MustWrite
 	esCall      = estest.Call
 	refresh     = estest.Refresh
+	countOf     = estest.Count
 	searchRead  = estest.SearchRead
 	getDoc      = estest.Get
 	isTombstone = estest.IsTombstone

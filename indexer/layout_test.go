@@ -31,25 +31,6 @@ func oldLayout(t *testing.T, es *elasticsearch.Client, name string) {
 	refresh(t, es, name)
 }
 
-// countOf runs _count on target.
-func countOf(t *testing.T, es *elasticsearch.Client, target, query string) int {
-	t.Helper()
-	st, b := esCall(t, es, "POST", "/"+target+"/_count", query)
-	if st != 200 {
-		t.Fatalf("count %s: %d %s", target, st, b)
-	}
-	var r struct {
-		Count  int `json:"count"`
-		Shards struct {
-			Failed int `json:"failed"`
-		} `json:"_shards"`
-	}
-	if err := json.Unmarshal(b, &r); err != nil || r.Shards.Failed != 0 {
-		t.Fatalf("count %s: %v %s", target, err, b)
-	}
-	return r.Count
-}
-
 const tombstoneQuery = `{"query":{"term":{"outboxd_deleted":true}}}`
 
 func TestLayout(t *testing.T) {

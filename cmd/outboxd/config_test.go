@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
 
@@ -30,14 +31,7 @@ const (
 
 // buildOutboxd builds the command once per test, so its real main (logger,
 // error printing, exit codes) is what the test sees.
-func buildOutboxd(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "outboxd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
+var buildOutboxd = tooltest.BuildOutboxd
 
 // secretEnviron is the test's environment without outboxd's own variables,
 // plus a credential in every place outboxd reads one from.

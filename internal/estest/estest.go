@@ -56,20 +56,37 @@ func Must(t testing.TB, es *elasticsearch.Client, method, path, body string) []b
 	return b
 }
 
-// Refresh makes every write to name visible to searches. A refresh that
-// failed on a shard still answers 200, so its _shards count is checked:
-// a search after it would otherwise miss writes and blame the code.
+// Refresh makes every write to name visible to searches.
 func Refresh(t testing.TB, es *elasticsearch.Client, name string) {
 	t.Helper()
-	st, b := Call(t, es, "POST", "/"+name+"/_refresh", "")
+	if st, b := Call(t, es, "POST", "/"+name+"/_refresh", ""); st != 200 || !allShards(b) {
+		t.Fatalf("refresh: %d %s", st, b)
+	}
+}
+
+// Count runs _count of query on target.
+func Count(t testing.TB, es *elasticsearch.Client, target, query string) int {
+	t.Helper()
+	st, b := Call(t, es, "POST", "/"+target+"/_count", query)
+	var r struct {
+		Count int `json:"count"`
+	}
+	if st != 200 || !allShards(b) || json.Unmarshal(b, &r) != nil {
+		t.Fatalf("count %s: %d %s", target, st, b)
+	}
+	return r.Count
+}
+
+// allShards says whether an answer's _shards reports no failure. A refresh
+// or a count that failed on a shard still answers 200; a search after the
+// one, or the number of the other, would miss writes and blame the code.
+func allShards(b []byte) bool {
 	var r struct {
 		Shards struct {
 			Failed int `json:"failed"`
 		} `json:"_shards"`
 	}
-	if st != 200 || json.Unmarshal(b, &r) != nil || r.Shards.Failed != 0 {
-		t.Fatalf("refresh: %d %s", st, b)
-	}
+	return json.Unmarshal(b, &r) == nil && r.Shards.Failed == 0
 }
 
 // SearchRead returns every document visible through the name N itself,

@@ -225,14 +225,7 @@ func Compare(t testing.TB, es *elasticsearch.Client, name string, want map[strin
 		}
 	}
 	if len(docs) > 0 {
-		_, b := estest.Call(t, es, "POST", "/"+name+"/_count", `{"query":{"term":{"outboxd_deleted":true}}}`)
-		var c struct {
-			Count int `json:"count"`
-		}
-		if err := json.Unmarshal(b, &c); err != nil {
-			t.Fatalf("count tombstones: %s", b)
-		}
-		d.TombstonesVisible = c.Count
+		d.TombstonesVisible = estest.Count(t, es, name, `{"query":{"term":{"outboxd_deleted":true}}}`)
 	}
 	return d
 }

@@ -245,23 +245,12 @@ func (e *Source) StartRelay(t *testing.T) (stop func()) {
 // SIGKILLs it.
 func (e *Source) StartRelayProcess(t *testing.T) (kill func()) {
 	t.Helper()
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "outboxd")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outboxd/cmd/outboxd").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	logs, err := os.Create(filepath.Join(dir, "relay.log"))
+	bin := BuildOutboxd(t)
+	logs, err := os.Create(filepath.Join(t.TempDir(), "relay.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", e.Schema,
-		"--elasticsearch-url", schematest.ElasticsearchURL(t), "--admin-addr", "", "--lease-interval", "100ms",
-		"--retention-schedule", "", "--tombstone-purge-schedule", "",
-		// Without --indexes, a relay upgrades at start every index of the
-		// earlier layout on the server, those other packages' tests build
-		// on purpose included (the indexer's layout test found its old
-		// layout upgraded before it looked).
-		"--upgrade-layouts=false")
+	cmd := RelayCommand(t, bin, e.Schema, schematest.ElasticsearchURL(t))
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -300,4 +289,30 @@ func waitBacklog(t *testing.T, pool *pgxpool.Pool, schemaName string, streams bo
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// BuildOutboxd builds the outboxd binary into the test's temporary
+// directory and returns its path.
+func BuildOutboxd(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "outboxd")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/outboxd/outboxd/cmd/outboxd").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// RelayCommand is `bin relay` on schemaName and the search server at
+// esURL, as the tests that run the real process start it: no admin
+// server, a short lease, and no scheduled job (the tombstone purge visits
+// every index outboxd manages on the server, other tests' too). Nor does it
+// upgrade layouts at start: without --indexes a relay upgrades every
+// index of the earlier layout on the server, those other packages' tests
+// build on purpose included (the indexer's layout test found its old
+// layout upgraded before it looked).
+func RelayCommand(t *testing.T, bin, schemaName, esURL string) *exec.Cmd {
+	t.Helper()
+	return exec.Command(bin, "relay", "--database-url", schematest.DatabaseURL(t), "--schema", schemaName,
+		"--elasticsearch-url", esURL, "--admin-addr", "", "--lease-interval", "100ms",
+		"--retention-schedule", "", "--tombstone-purge-schedule", "", "--upgrade-layouts=false")
 }
