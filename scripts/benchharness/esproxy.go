@@ -171,16 +171,26 @@ func (p *esProxy) answersSince(t time.Time) []bulkAnswer {
 	return out
 }
 
-// bulkTimes is the p50 and p99 of how long Elasticsearch took to answer
-// the bulk requests after t.
-func (p *esProxy) bulkTimes(t time.Time) (p50, p99 time.Duration) {
+// slowAnswer is an answer to a _bulk that took long enough to show in a
+// low rate's p99 by itself. On this machine Elasticsearch answers so
+// slowly about once a second, at its index refresh (refresh_interval 1s):
+// with refresh_interval 30s those answers were gone and the --linger 0
+// p99 fell from 11.7-24 ms to 7 ms (docs/benchmarks.md).
+const slowAnswer = 25 * time.Millisecond
+
+// bulkTimes is how long Elasticsearch took to answer the bulk requests
+// after t: p50, p99, max, and how many took slowAnswer or longer.
+func (p *esProxy) bulkTimes(t time.Time) (p50, p99, longest time.Duration, slow int) {
 	var d []time.Duration
 	for _, a := range p.answersSince(t) {
 		d = append(d, a.took)
+		if a.took >= slowAnswer {
+			slow++
+		}
 	}
 	if len(d) == 0 {
-		return 0, 0
+		return 0, 0, 0, 0
 	}
 	slices.Sort(d)
-	return pct(d, 0.5), pct(d, 0.99)
+	return pct(d, 0.5), pct(d, 0.99), d[len(d)-1], slow
 }

@@ -30,6 +30,8 @@ type lowResult struct {
 	p999, max time.Duration
 
 	bulkP50, bulkP99 time.Duration // Elasticsearch's own answer time
+	bulkMax          time.Duration
+	bulkSlow         int // answers of slowAnswer or longer
 }
 
 // cpuPerK is CPU milliseconds (relay + its backends) per 1,000 events.
@@ -67,9 +69,9 @@ func (b *bench) lowrateScenario(ctx context.Context) error {
 		if r.indexOps >= 0 {
 			ops = fmt.Sprintf("%.1f/s", float64(r.indexOps)/r.window.Seconds())
 		}
-		b.rep.key("lowrate %d/s%s: %d events at %.0f/s; CPU relay %.0f ms + PostgreSQL %.0f ms (%d backends) = %.1f ms per 1,000 events; %.1f _bulk requests/s (index bulk stats %s); commit->ES ack p50 %s p99 %s (p99.9 %s, max %s; of which Elasticsearch's answer to a _bulk p50 %s p99 %s) (load avg %s)",
+		b.rep.key("lowrate %d/s%s: %d events at %.0f/s; CPU relay %.0f ms + PostgreSQL %.0f ms (%d backends) = %.1f ms per 1,000 events; %.1f _bulk requests/s (index bulk stats %s); commit->ES ack p50 %s p99 %s (p99.9 %s, max %s; of which Elasticsearch's answer to a _bulk p50 %s p99 %s max %s, %d answers of %s or more) (load avg %s)",
 			ph.rate, ph.label, r.events, r.achieved, float64(r.relayCPU)/1e6, float64(r.pgCPU)/1e6, r.backends, r.cpuPerK(),
-			float64(r.bulks)/r.window.Seconds(), ops, ms(r.p50), ms(r.p99), ms(r.p999), ms(r.max), ms(r.bulkP50), ms(r.bulkP99), loadAvg())
+			float64(r.bulks)/r.window.Seconds(), ops, ms(r.p50), ms(r.p99), ms(r.p999), ms(r.max), ms(r.bulkP50), ms(r.bulkP99), ms(r.bulkMax), r.bulkSlow, ms(slowAnswer), loadAvg())
 	}
 	lo, lat, lat0, hi := res[0], res[1], res[2], res[3] // in the order of phases
 	ratio := lo.cpuPerK() / hi.cpuPerK()
@@ -124,7 +126,7 @@ func (b *bench) lowratePhase(ctx context.Context, proxy *esProxy, rate int, extr
 	relayCPU, pgCPU, nb := meter.end(ctx)
 	r := lowResult{rate: rate, events: n, achieved: float64(n) / took.Seconds(), window: window,
 		relayCPU: relayCPU, pgCPU: pgCPU, backends: nb, bulks: proxy.bulks.Load() - bulks0, indexOps: -1}
-	r.bulkP50, r.bulkP99 = proxy.bulkTimes(start)
+	r.bulkP50, r.bulkP99, r.bulkMax, r.bulkSlow = proxy.bulkTimes(start)
 	if ops0 >= 0 {
 		if ops1 := b.indexBulkOps(ctx, index); ops1 >= 0 {
 			r.indexOps = ops1 - ops0

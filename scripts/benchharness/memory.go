@@ -87,7 +87,7 @@ func (b *bench) memoryBacklog(ctx context.Context, proxy *esProxy) (int64, error
 	if _, err := p.stop(30 * time.Second); err != nil {
 		return 0, err
 	}
-	p50, p99 := proxy.bulkTimes(start)
+	p50, p99, _, _ := proxy.bulkTimes(start)
 	b.rep.key("memory: outboxd relay drained %d x %d KB into Elasticsearch in %.1fs (%s, %.0f MB/s; Elasticsearch's answer to a _bulk p50 %s p99 %s): peak RSS (VmHWM) %s (load avg %s)",
 		cfg.memN, cfg.memDocKB, elapsed.Seconds(), rate(float64(cfg.memN)/elapsed.Seconds()),
 		float64(cfg.memN)*float64(cfg.memDocKB)/1024/elapsed.Seconds(), ms(p50), ms(p99), mb(peak), loadAvg())
