@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/tooltest"
 	"github.com/outboxd/outboxd/relay"
 	"github.com/outboxd/outboxd/schema/schematest"
 )
@@ -123,7 +124,7 @@ destinations:
 func TestCheckCommand(t *testing.T) {
 	t.Parallel()
 	s := newCheckSetup(t)
-	bin := buildOutboxd(t)
+	bin := tooltest.BuildOutboxd(t)
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "OUTBOXD_") && !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "ELASTICSEARCH_") {

@@ -29,10 +29,6 @@ const (
 	argDatabaseURL = "postgres://bob:sEcret-pg-arg@127.0.0.1:1/outboxd?sslmode=disable&connect_timeout=2"
 )
 
-// buildOutboxd builds the command once per test, so its real main (logger,
-// error printing, exit codes) is what the test sees.
-var buildOutboxd = tooltest.BuildOutboxd
-
 // secretEnviron is the test's environment without outboxd's own variables,
 // plus a credential in every place outboxd reads one from.
 func secretEnviron() []string {
@@ -54,7 +50,7 @@ func secretEnviron() []string {
 
 func TestNoOutputCarriesASecret(t *testing.T) {
 	t.Parallel()
-	bin := buildOutboxd(t)
+	bin := tooltest.BuildOutboxd(t)
 	env := secretEnviron()
 	run := func(t *testing.T, args ...string) (string, int) {
 		t.Helper()

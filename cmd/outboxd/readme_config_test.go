@@ -99,7 +99,7 @@ func TestReadmeConfigFileRunsARelay(t *testing.T) {
 			clean = append(clean, kv)
 		}
 	}
-	bin := buildOutboxd(t)
+	bin := tooltest.BuildOutboxd(t)
 
 	t.Run("outboxd check passes on it", func(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, 60*time.Second)

@@ -292,7 +292,8 @@ func waitBacklog(t *testing.T, pool *pgxpool.Pool, schemaName string, streams bo
 }
 
 // BuildOutboxd builds the outboxd binary into the test's temporary
-// directory and returns its path.
+// directory and returns its path: a test that runs it sees the real main
+// (logger, error printing, exit codes), not a function called in-process.
 func BuildOutboxd(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "outboxd")
